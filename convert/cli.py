@@ -1,0 +1,158 @@
+"""The ``imgpack`` command: parse options, call the library, report. No format code here."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from convert.pipeline import ConvertOptions, convert_folder, default_workers
+from readers import __version__, spec
+from readers.spec import DatasetError, load_manifest
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_bytes(text: str) -> int:
+    """``"500MB"`` -> 500_000_000; ``"1GiB"`` -> 2**30; a plain number is bytes."""
+    match = _SIZE.match(text)
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a size like 512MB or 1GiB")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    scale = _UNITS[unit[:1]] if "i" not in unit else 1024 ** "bkmgt".index(unit[:1])
+    return int(number * scale)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="imgpack")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Convert image folders into fast training formats and inspect the result.
+
+    \b
+    imgpack convert ~/imagenet/train /data/in1k-pt --format pt --encoding raw \\
+        --resize 256 --center-crop 224
+    imgpack info /data/in1k-pt
+    """
+    ctx.obj = {"debug": debug}
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
+                        format="imgpack: %(message)s")
+
+
+def _fail(ctx: click.Context, error: Exception) -> None:
+    if ctx.obj and ctx.obj.get("debug"):
+        raise error
+    raise click.ClickException(str(error)) from error
+
+
+@main.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(spec.FORMATS), required=True,
+              help="pt: mmap'd torch shards, fastest random reads. hdf5: one portable file. "
+                   "lmdb: key-value store, fast random reads. wds: WebDataset tars for "
+                   "streaming from disk or object storage.")
+@click.option("--encoding", type=click.Choice(spec.ENCODINGS), default="jpeg", show_default=True,
+              help="raw: decoded uint8 pixels, no decode at train time but ~10x the bytes. "
+                   "jpeg: re-encode after resizing. original: source bytes unchanged "
+                   "(checked to decode).")
+@click.option("--resize", type=int, metavar="S",
+              help="Resize the shorter side to S pixels, keeping the aspect ratio.")
+@click.option("--center-crop", type=int, metavar="C",
+              help="Crop the central CxC square after resizing (zero-padded if smaller). "
+                   "Raw pixels have one fixed shape only with this option; without it each "
+                   "sample keeps its own shape.")
+@click.option("--quality", type=int, default=90, show_default=True,
+              help="JPEG quality for --encoding jpeg.")
+@click.option("--shard-size", type=int, metavar="N",
+              help="Samples per shard [default: 10000 for pt and wds; one file for hdf5 "
+                   "and lmdb].")
+@click.option("--shard-bytes", type=str, metavar="SIZE",
+              help="Start a new shard before one passes SIZE of sample data, e.g. 512MB "
+                   "[default: 1GiB for pt and wds].")
+@click.option("--workers", type=int, metavar="N",
+              help=f"Processes decoding and encoding [default: usable CPUs, {default_workers()} "
+                   "here].")
+@click.option("--shuffle", is_flag=True,
+              help="Write samples in a random order (fixed by --seed), so that reading a "
+                   "stream sequentially is already shuffled.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
+@click.option("--compression", type=click.Choice(["gzip", "lzf"]),
+              help="HDF5 only: compress each chunk (helps raw pixels; JPEG barely shrinks).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace an existing imgpack dataset at DST.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar [default: on when stderr is a terminal].")
+@click.pass_context
+def convert(ctx: click.Context, src: Path, dst: Path, fmt: str, encoding: str,
+            resize: int | None, center_crop: int | None, quality: int, shard_size: int | None,
+            shard_bytes: str | None, workers: int | None, shuffle: bool, seed: int,
+            compression: str | None, overwrite: bool, progress: bool | None) -> None:
+    """Convert SRC, an image folder with one sub-folder per class, into DST.
+
+    Labels follow torchvision's ImageFolder: classes are the sorted sub-folder names.
+    Files that cannot be decoded are skipped, counted, and listed in DST/errors.jsonl.
+    The manifest DST/imgpack.json is written last; readers start from it.
+    """
+    options = ConvertOptions(
+        format=fmt, encoding=encoding, resize=resize, center_crop=center_crop,
+        quality=quality, shard_size=shard_size,
+        shard_bytes=parse_bytes(shard_bytes) if shard_bytes else None,
+        shuffle=shuffle, seed=seed, compression=compression,
+    )
+    try:
+        result = convert_folder(src, dst, options, workers=workers, overwrite=overwrite,
+                                progress=progress)
+    except (ValueError, OSError) as e:
+        _fail(ctx, e)
+    click.echo(result.summary())
+    if result.skipped:
+        click.echo(f"{result.skipped} file(s) skipped: see {dst / 'errors.jsonl'}", err=True)
+
+
+def describe(manifest: spec.Manifest) -> str:
+    """A person-readable account of a manifest."""
+    m = manifest.raw
+    shape = "variable" if manifest.shape is None else "x".join(map(str, manifest.shape))
+    total_bytes = sum(s.bytes for s in manifest.shards)
+    lines = [
+        f"dataset    {manifest.root}",
+        f"format     {manifest.format} (format version {m['format_version']}, "
+        f"imgpack {m.get('imgpack_version', '?')})",
+        f"encoding   {manifest.encoding}, images {shape} {m.get('dtype', 'uint8')}",
+        f"samples    {manifest.num_samples} written, {m.get('skipped', 0)} skipped",
+        f"bytes      {total_bytes:,} in {len(manifest.shards)} shard(s)",
+        f"checksum   {m.get('content_sha256', '?')}",
+        f"classes    {len(manifest.classes)}",
+    ]
+    per_class = m.get("samples_per_class", {})
+    width = max((len(c) for c in manifest.classes), default=0)
+    lines += [f"  {c:<{width}}  {per_class.get(c, '?')}" for c in manifest.classes]
+    lines.append("shards")
+    lines += [f"  {s.path}  {s.samples} samples  {s.bytes:,} bytes" for s in manifest.shards]
+    options = m.get("options", {})
+    lines.append("options    " + json.dumps(options, sort_keys=True))
+    return "\n".join(lines)
+
+
+@main.command()
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest itself.")
+@click.pass_context
+def info(ctx: click.Context, dst: Path, as_json: bool) -> None:
+    """Show what the imgpack dataset at DST holds: format, samples per class, shards."""
+    try:
+        manifest = load_manifest(dst)
+    except DatasetError as e:
+        _fail(ctx, e)
+    click.echo(json.dumps(manifest.raw, indent=1) if as_json else describe(manifest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

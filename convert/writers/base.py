@@ -1,0 +1,134 @@
+"""What every format writer shares: the writer interface and shard rollover.
+
+A format module provides a class satisfying :class:`ShardWriter` that writes one shard
+file; :class:`ShardedOutput` decides when to start the next shard, writes each to a
+temporary name and renames it into place only once it is complete, and records the
+manifest's entry (samples, bytes, SHA-256) for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+
+from readers import spec
+from readers.spec import ShardInfo
+
+__all__ = ["Layout", "Record", "ShardWriter", "ShardedOutput", "file_sha256"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a writer needs to know about the dataset as a whole."""
+
+    encoding: str
+    shape: tuple[int, int, int] | None  # fixed [H, W, 3] of raw pixels, else None
+    classes: tuple[str, ...]
+    compression: str | None = None  # hdf5 only
+
+
+@dataclass(frozen=True)
+class Record:
+    """One sample to store: ``data`` is encoded bytes (``ext`` jpg, png...) or raw pixels."""
+
+    key: str
+    data: bytes | np.ndarray
+    ext: str
+    label: int
+    path: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes if isinstance(self.data, np.ndarray) else len(self.data)
+
+
+class ShardWriter(Protocol):
+    """Writes one shard file; created with ``(path, layout)``."""
+
+    def add(self, record: Record) -> None:
+        """Append one sample."""
+
+    def close(self) -> list[str]:
+        """Finish the file; return the suffixes of sidecar files written as path + suffix."""
+
+
+WriterFactory = Callable[[Path, Layout], ShardWriter]
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class ShardedOutput:
+    """Feeds records to per-shard writers, starting a new shard at either limit."""
+
+    def __init__(
+        self,
+        dst: Path,
+        fmt: str,
+        open_writer: WriterFactory,
+        layout: Layout,
+        max_samples: int | None,
+        max_bytes: int | None,
+    ) -> None:
+        self.dst = dst
+        self.fmt = fmt
+        self.open_writer = open_writer
+        self.layout = layout
+        self.max_samples = max_samples
+        self.max_bytes = max_bytes
+        self.shards: list[ShardInfo] = []
+        self._writer: ShardWriter | None = None
+        self._samples = 0
+        self._bytes = 0
+
+    def add(self, record: Record) -> None:
+        if self._writer is not None and self._full(record.nbytes):
+            self._finish_shard()
+        if self._writer is None:
+            self._writer = self.open_writer(self._tmp_path(), self.layout)
+        self._writer.add(record)
+        self._samples += 1
+        self._bytes += record.nbytes
+
+    def close(self) -> list[ShardInfo]:
+        """Finish the last shard; return every shard's manifest entry."""
+        if self._writer is not None:
+            self._finish_shard()
+        return self.shards
+
+    def _full(self, next_bytes: int) -> bool:
+        if self.max_samples is not None and self._samples >= self.max_samples:
+            return True
+        return self.max_bytes is not None and self._bytes + next_bytes > self.max_bytes
+
+    def _tmp_path(self) -> Path:
+        return self.dst / (spec.TMP_PREFIX + spec.shard_name(self.fmt, len(self.shards)))
+
+    def _finish_shard(self) -> None:
+        writer, self._writer = self._writer, None
+        tmp = self._tmp_path()
+        sidecars = writer.close() if writer is not None else []
+        final = self.dst / spec.shard_name(self.fmt, len(self.shards))
+        for suffix in sidecars:  # sidecars first: a shard in place is a complete shard
+            os.replace(str(tmp) + suffix, str(final) + suffix)
+        os.replace(tmp, final)
+        self.shards.append(
+            ShardInfo(
+                path=final.name,
+                samples=self._samples,
+                bytes=final.stat().st_size,
+                sha256=file_sha256(final),
+            )
+        )
+        self._samples, self._bytes = 0, 0

@@ -1,0 +1,90 @@
+"""Writer for ``hdf5`` files (layout: ``readers/hdf5.py``, names: ``readers.spec``).
+
+Samples are appended in blocks to resizable datasets, so a single-file dataset of any size
+never sits in memory. ``track_times=False`` keeps the file free of timestamps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from convert.writers.base import Layout, Record
+from readers import spec
+
+__all__ = ["Hdf5Writer"]
+
+_BLOCK = 256  # samples written per h5py call
+
+
+class Hdf5Writer:
+    """Appends samples to one HDF5 file."""
+
+    def __init__(self, path: Path, layout: Layout) -> None:
+        self.layout = layout
+        self.fixed = layout.encoding == "raw" and layout.shape is not None
+        self.file = f = h5py.File(path, "w")
+
+        def create(name: str, shape: tuple[int, ...], dtype, **kw) -> h5py.Dataset:
+            return f.create_dataset(
+                name, (0, *shape), maxshape=(None, *shape), dtype=dtype, track_times=False, **kw
+            )
+
+        if self.fixed:
+            shape = layout.shape
+            self.images = create(
+                spec.H5_IMAGES, shape, np.uint8, chunks=(1, *shape), compression=layout.compression
+            )
+        else:
+            self.images = create(
+                spec.H5_IMAGES, (), h5py.vlen_dtype(np.uint8), chunks=(_BLOCK,),
+                compression=layout.compression,
+            )
+        varying_raw = layout.encoding == "raw" and not self.fixed
+        self.shapes = create(spec.H5_SHAPES, (3,), np.int64, chunks=(_BLOCK, 3)) if (
+            varying_raw
+        ) else None
+        self.labels = create(spec.H5_LABELS, (), np.int64, chunks=(_BLOCK,))
+        self.paths = create(spec.H5_PATHS, (), h5py.string_dtype("utf-8"), chunks=(_BLOCK,))
+        self.pending: list[Record] = []
+        self.n = 0
+
+    def add(self, record: Record) -> None:
+        self.pending.append(record)
+        if len(self.pending) >= _BLOCK:
+            self._flush()
+
+    def _flush(self) -> None:
+        recs, self.pending = self.pending, []
+        if not recs:
+            return
+        i, j = self.n, self.n + len(recs)
+        for d in (self.images, self.shapes, self.labels, self.paths):
+            if d is not None:
+                d.resize(j, axis=0)
+        if self.fixed:
+            self.images[i:j] = np.stack([r.data for r in recs])
+        else:
+            column = np.empty(len(recs), dtype=object)
+            column[:] = [
+                r.data.reshape(-1) if isinstance(r.data, np.ndarray)
+                else np.frombuffer(r.data, dtype=np.uint8)
+                for r in recs
+            ]
+            self.images[i:j] = column
+        if self.shapes is not None:
+            self.shapes[i:j] = np.array([r.data.shape for r in recs], dtype=np.int64)
+        self.labels[i:j] = np.array([r.label for r in recs], dtype=np.int64)
+        self.paths[i:j] = [r.path for r in recs]
+        self.n = j
+
+    def close(self) -> list[str]:
+        self._flush()
+        attrs = self.file.attrs
+        attrs[spec.H5_ATTR_CLASSES] = list(self.layout.classes)
+        attrs[spec.H5_ATTR_ENCODING] = self.layout.encoding
+        attrs[spec.H5_ATTR_VERSION] = spec.FORMAT_VERSION
+        self.file.close()
+        return []

@@ -1,0 +1,86 @@
+"""Writer for ``lmdb`` files (layout: ``readers/lmdb.py``, names: ``readers.spec``).
+
+The map size starts small and doubles whenever the next transaction might not fit, so
+there is no terabyte-sized guess that some filesystems refuse, and no MapFullError.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lmdb
+import numpy as np
+
+from convert.writers.base import Layout, Record
+from readers import spec
+
+__all__ = ["LmdbWriter"]
+
+_INITIAL_MAP = 64 << 20
+_TXN_BYTES = 64 << 20  # commit at least this often
+_PAGE_OVERHEAD = 2  # headroom factor for B-tree pages and overflow rounding
+
+
+class LmdbWriter:
+    """Writes one LMDB file (``subdir=False``) of samples and metadata keys."""
+
+    def __init__(self, path: Path, layout: Layout) -> None:
+        self.path = path
+        self.layout = layout
+        self.env = lmdb.open(
+            str(path), subdir=False, map_size=_INITIAL_MAP, lock=False, meminit=False,
+            sync=False, map_async=True,
+        )
+        self.pending: list[tuple[bytes, bytes]] = []
+        self.pending_bytes = 0
+        self.stored_bytes = 0
+        self.labels: list[int] = []
+        self.paths: list[str] = []
+        self.shapes: list[tuple[int, ...]] = []
+
+    def add(self, record: Record) -> None:
+        data = record.data
+        if isinstance(data, np.ndarray):
+            self.shapes.append(data.shape)
+            data = data.tobytes()
+        key = spec.SAMPLE_KEY.format(len(self.labels)).encode()
+        self.labels.append(record.label)
+        self.paths.append(record.path)
+        self.pending.append((key, data))
+        self.pending_bytes += len(data)
+        if self.pending_bytes >= _TXN_BYTES:
+            self._commit()
+
+    def _commit(self) -> None:
+        needed = (self.stored_bytes + self.pending_bytes) * _PAGE_OVERHEAD + _INITIAL_MAP
+        map_size = self.env.info()["map_size"]
+        while map_size < needed:
+            map_size *= 2
+        self.env.set_mapsize(map_size)
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for key, value in self.pending:
+                        txn.put(key, value)
+                break
+            except lmdb.MapFullError:  # headroom guessed low: grow and redo the transaction
+                map_size *= 2
+                self.env.set_mapsize(map_size)
+        self.stored_bytes += self.pending_bytes
+        self.pending, self.pending_bytes = [], 0
+
+    def close(self) -> list[str]:
+        meta = [
+            (spec.LMDB_LABELS, np.asarray(self.labels, dtype="<i8").tobytes()),
+            (spec.LMDB_PATHS, json.dumps(self.paths, ensure_ascii=False).encode("utf-8")),
+        ]
+        if self.layout.encoding == "raw" and self.layout.shape is None:
+            meta.append((spec.LMDB_SHAPES, np.asarray(self.shapes, dtype="<i8").tobytes()))
+        for key, value in meta:
+            self.pending.append((key, value))
+            self.pending_bytes += len(value)
+        self._commit()
+        self.env.sync(True)
+        self.env.close()
+        return []

@@ -1,0 +1,222 @@
+"""The map-style Dataset shared by every format, and the per-process handle cache.
+
+A format module supplies only ``open_shard(path, manifest) -> ShardReader``; this module
+maps global indices to shards, opens shards lazily in each process, decodes, and serves
+whole batches through ``__getitems__`` (which ``DataLoader`` calls with a batch's indices).
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import accumulate
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, default_collate, get_worker_info
+
+from readers.decode import decode_image
+from readers.spec import DatasetError, Manifest, load_manifest
+
+__all__ = ["ImageDataset", "SampleBatch", "ShardReader", "collate"]
+
+Transform = Callable[[torch.Tensor], Any]
+
+
+class ShardReader(Protocol):
+    """One open shard, as a format module returns it."""
+
+    labels: np.ndarray  # int64 [n]
+
+    def read(self, i: int) -> bytes | memoryview | np.ndarray:
+        """Stored value of local sample ``i``: encoded bytes or uint8 HWC pixels."""
+
+    def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
+        """Copy raw fixed-shape samples ``idx`` into ``out`` ([k, H, W, 3] uint8)."""
+
+    def path(self, i: int) -> str:
+        """Source path of local sample ``i``, relative to the converted folder."""
+
+
+class SampleBatch(Sequence):
+    """A batch that ``__getitems__`` returns: a list of ``(image, label)`` to anyone, and
+    already-stacked ``images``/``labels`` tensors to :func:`collate` (no second copy)."""
+
+    def __init__(self, images: torch.Tensor | list[Any], labels: torch.Tensor) -> None:
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.images[i], int(self.labels[i])
+
+
+def collate(batch: Any) -> Any:
+    """DataLoader ``collate_fn``: passes imgpack's pre-stacked batches through untouched and
+    falls back to ``default_collate`` for anything else (e.g. images of varying shape)."""
+    if isinstance(batch, SampleBatch) and isinstance(batch.images, torch.Tensor):
+        return batch.images, batch.labels
+    return default_collate(list(batch))
+
+
+def _default_decode_threads() -> int:
+    if get_worker_info() is not None:
+        return 1  # DataLoader workers already use the cores
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class ImageDataset(Dataset):
+    """Map-style dataset over an imgpack folder of one format; subclasses set ``format``.
+
+    Args:
+        root: the dataset folder (the one holding ``imgpack.json``).
+        transform: applied to each ``[3, H, W]`` uint8 image tensor.
+        decode_threads: threads decoding one batch in ``__getitems__``; default all usable
+            CPUs in the main process and 1 inside a DataLoader worker.
+
+    Images are ``torch.uint8`` ``[3, H, W]`` RGB views of HWC storage (channels-last
+    memory); labels are ``int`` class indices as torchvision's ``ImageFolder`` gives them.
+    Nothing is opened until first use in each process, and nothing open is pickled.
+    """
+
+    format: ClassVar[str]
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        transform: Transform | None = None,
+        decode_threads: int | None = None,
+    ) -> None:
+        self.manifest: Manifest = load_manifest(root, expect_format=self.format)
+        self.root = self.manifest.root
+        self.transform = transform
+        self.decode_threads = decode_threads
+        self._ends = list(accumulate(s.samples for s in self.manifest.shards))
+        self._pid: int | None = None
+        self._shards: dict[int, ShardReader] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_threads = 0
+
+    # --- what a subclass provides -------------------------------------------------------
+    def open_shard(self, index: int) -> ShardReader:
+        """Open shard ``index`` of this dataset (called once per shard per process)."""
+        raise NotImplementedError
+
+    # --- public API ---------------------------------------------------------------------
+    @property
+    def classes(self) -> list[str]:
+        return list(self.manifest.classes)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        return {c: i for i, c in enumerate(self.manifest.classes)}
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        shard, local = self._locate(index)
+        reader = self._shard(shard)
+        image = self._to_tensor(reader.read(local), shard, local)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(reader.labels[local])
+
+    def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
+        """Fetch a whole batch: one gather for raw pixels, threaded decode otherwise."""
+        located = [self._locate(i) for i in indices]
+        labels = torch.tensor([int(self._shard(s).labels[k]) for s, k in located])
+        shape = self.manifest.shape
+        if self.manifest.encoding == "raw" and shape is not None and self.transform is None:
+            images = torch.empty((len(indices), *shape), dtype=torch.uint8)
+            self._gather_pixels(located, images)
+            return SampleBatch(images.permute(0, 3, 1, 2), labels)
+        items = self._map(lambda sk: self._load(*sk), located)
+        if items and all(isinstance(t, torch.Tensor) for t in items):
+            if len({t.shape for t in items}) == 1:
+                return SampleBatch(torch.stack(items), labels)
+        return SampleBatch(items, labels)
+
+    def source_path(self, index: int) -> str:
+        """The sample's file path relative to the folder it was converted from."""
+        shard, local = self._locate(index)
+        return self._shard(shard).path(local)
+
+    def targets(self) -> list[int]:
+        """All labels in index order (like ``ImageFolder.targets``)."""
+        return [
+            int(x) for k in range(len(self.manifest.shards)) for x in self._shard(k).labels
+        ]
+
+    # --- internals ----------------------------------------------------------------------
+    def _locate(self, index: int) -> tuple[int, int]:
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"{self.root}: index {index} out of range for {n} samples")
+        shard = bisect_right(self._ends, index)
+        return shard, index - (self._ends[shard - 1] if shard else 0)
+
+    def _shard(self, index: int) -> ShardReader:
+        pid = os.getpid()
+        if self._pid != pid:  # first use, or a fork since: never share handles
+            self._shards, self._pool, self._pool_threads, self._pid = {}, None, 0, pid
+        reader = self._shards.get(index)
+        if reader is None:
+            path = self.manifest.shard_path(index)
+            if not path.exists():
+                raise DatasetError(f"{path}: shard {index} listed in the manifest is missing")
+            reader = self._shards[index] = self.open_shard(index)
+        return reader
+
+    def _load(self, shard: int, local: int) -> Any:
+        image = self._to_tensor(self._shard(shard).read(local), shard, local)
+        return self.transform(image) if self.transform is not None else image
+
+    def _to_tensor(self, value: Any, shard: int, local: int) -> torch.Tensor:
+        if isinstance(value, np.ndarray):
+            pixels = value
+        else:
+            name = f"{self.manifest.shard_path(shard)}[{local}]"
+            pixels = decode_image(value, name)
+        return torch.from_numpy(pixels).permute(2, 0, 1)
+
+    def _gather_pixels(self, located: list[tuple[int, int]], out: torch.Tensor) -> None:
+        by_shard: dict[int, list[int]] = {}
+        for pos, (shard, _) in enumerate(located):
+            by_shard.setdefault(shard, []).append(pos)
+        for shard, positions in by_shard.items():
+            local = np.fromiter((located[p][1] for p in positions), np.int64, len(positions))
+            if len(positions) == len(located):
+                self._shard(shard).read_pixels(local, out)
+            else:
+                part = torch.empty((len(positions), *out.shape[1:]), dtype=torch.uint8)
+                self._shard(shard).read_pixels(local, part)
+                out[torch.tensor(positions)] = part
+
+    def _map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        threads = self.decode_threads or _default_decode_threads()
+        if threads <= 1 or len(items) < 2:
+            return [fn(x) for x in items]
+        if self._pool is None or self._pool_threads != threads:
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="imgpack-decode")
+            self._pool_threads = threads
+        return list(self._pool.map(fn, items))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_pid=None, _shards={}, _pool=None, _pool_threads=0)  # handles never cross processes
+        return state
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (
+            f"{type(self).__name__}({str(self.root)!r}, samples={len(self)}, "
+            f"encoding={m.encoding!r}, classes={len(m.classes)}, shards={len(m.shards)})"
+        )

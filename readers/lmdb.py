@@ -1,0 +1,79 @@
+"""Reader for ``lmdb`` databases.
+
+On-disk layout (names in ``readers.spec``): one LMDB file per shard (``subdir=False``),
+key ``SAMPLE_KEY`` (10 ASCII digits, so key order is index order) per sample whose value
+is the stored bytes (encoded image, or raw HWC pixels); metadata keys ``__labels__``
+(int64 little-endian), ``__shapes__`` (int64 ``[N, 3]``, raw pixels of varying shape) and
+``__paths__`` (JSON list). Opened read-only without locking once per process.
+"""
+
+from __future__ import annotations
+
+import json
+
+import lmdb
+import numpy as np
+import torch
+
+from readers import spec
+from readers.base import ImageDataset
+from readers.spec import DatasetError
+
+__all__ = ["LmdbDataset"]
+
+
+class LmdbShard:
+    """An open, read-only LMDB environment of imgpack samples."""
+
+    def __init__(self, path: str, shape: tuple[int, int, int] | None, raw: bool) -> None:
+        self._path = path
+        try:
+            self._env = lmdb.open(
+                path, subdir=False, readonly=True, lock=False, readahead=False, meminit=False
+            )
+        except lmdb.Error as e:
+            raise DatasetError(f"{path}: not a valid imgpack LMDB file: {e}") from e
+        self.labels = np.frombuffer(self._get(spec.LMDB_LABELS), dtype="<i8")
+        self._raw = raw
+        self._shape = shape
+        if raw and shape is None:
+            self._shapes = np.frombuffer(self._get(spec.LMDB_SHAPES), dtype="<i8").reshape(-1, 3)
+        self._paths: list[str] | None = None
+
+    def _get(self, key: bytes) -> bytes:
+        with self._env.begin() as txn:
+            value = txn.get(key)
+        if value is None:
+            raise DatasetError(f"{self._path}: missing key {key.decode()!r}")
+        return value
+
+    def read(self, i: int) -> bytes | np.ndarray:
+        value = self._get(spec.SAMPLE_KEY.format(i).encode())
+        if not self._raw:
+            return value
+        shape = self._shape if self._shape is not None else self._shapes[i]
+        return np.frombuffer(bytearray(value), dtype=np.uint8).reshape(shape)
+
+    def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
+        flat = out.numpy().reshape(len(idx), -1)
+        with self._env.begin(buffers=True) as txn:
+            for row, i in enumerate(idx.tolist()):
+                value = txn.get(spec.SAMPLE_KEY.format(i).encode())
+                if value is None:
+                    raise DatasetError(f"{self._path}: missing sample {i}")
+                flat[row] = np.frombuffer(value, dtype=np.uint8)
+
+    def path(self, i: int) -> str:
+        if self._paths is None:
+            self._paths = json.loads(self._get(spec.LMDB_PATHS))
+        return self._paths[i]
+
+
+class LmdbDataset(ImageDataset):
+    """Map-style dataset over LMDB files (see the module docstring for the layout)."""
+
+    format = "lmdb"
+
+    def open_shard(self, index: int) -> LmdbShard:
+        m = self.manifest
+        return LmdbShard(str(m.shard_path(index)), m.shape, m.encoding == "raw")

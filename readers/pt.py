@@ -1,0 +1,76 @@
+"""Reader for ``pt`` shards: dicts of tensors written by ``torch.save``.
+
+On-disk layout (names in ``readers.spec``): ``images`` uint8 ``[N, H, W, 3]`` when every
+sample is raw pixels of one shape; otherwise ``data`` uint8 (samples back to back) with
+``offsets`` int64 ``[N + 1]`` and, for raw pixels, ``shapes`` int64 ``[N, 3]``. Always
+``labels`` int64 ``[N]`` and ``paths``/``path_offsets`` (UTF-8 source paths). Each shard
+is opened once per process with ``torch.load(mmap=True, weights_only=True)``: no pickle
+code runs, and reads are slices of the page cache, not whole-file loads.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import torch
+
+from readers import spec
+from readers.base import ImageDataset
+from readers.spec import DatasetError
+
+__all__ = ["PtDataset"]
+
+
+class PtShard:
+    """An mmap'd ``.pt`` shard."""
+
+    def __init__(self, path: str, raw: bool) -> None:
+        try:
+            tensors = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:
+            raise DatasetError(f"{path}: not a valid imgpack .pt shard: {e}") from e
+        if not isinstance(tensors, dict) or not all(
+            isinstance(v, torch.Tensor) for v in tensors.values()
+        ):
+            raise DatasetError(f"{path}: not a valid imgpack .pt shard (expected tensors)")
+        self._path = path
+        self._raw = raw
+        self._t = tensors
+        self.labels = self._get(spec.PT_LABELS).numpy()
+        self._images = tensors.get(spec.PT_IMAGES)
+        if self._images is None:
+            self._data = self._get(spec.PT_DATA).numpy()
+            self._offsets = self._get(spec.PT_OFFSETS).numpy()
+            self._shapes = tensors[spec.PT_SHAPES].numpy() if raw else None
+
+    def _get(self, key: str) -> torch.Tensor:
+        try:
+            return self._t[key]
+        except KeyError:
+            raise DatasetError(f"{self._path}: missing tensor {key!r}") from None
+
+    def read(self, i: int) -> memoryview | np.ndarray:
+        if self._images is not None:
+            return self._images[i].numpy()
+        chunk = self._data[self._offsets[i] : self._offsets[i + 1]]
+        if self._shapes is not None:
+            return chunk.reshape(self._shapes[i])
+        return memoryview(chunk)
+
+    def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
+        torch.index_select(self._images, 0, torch.from_numpy(idx), out=out)
+
+    def path(self, i: int) -> str:
+        offsets = self._get(spec.PT_PATH_OFFSETS)
+        data = self._get(spec.PT_PATHS)
+        return bytes(data[offsets[i] : offsets[i + 1]].numpy()).decode("utf-8")
+
+
+class PtDataset(ImageDataset):
+    """Map-style dataset over ``.pt`` shards (see the module docstring for the layout)."""
+
+    format = "pt"
+
+    def open_shard(self, index: int) -> PtShard:
+        return PtShard(str(self.manifest.shard_path(index)), self.manifest.encoding == "raw")

@@ -1,0 +1,199 @@
+"""The on-disk contract of every imgpack format, defined once.
+
+Writers (``convert.writers``) and readers (``readers``) import the names below; neither
+spells a file name, key or dataset name of its own. The manifest ``imgpack.json`` at the
+root of a dataset is written last and is where every reader starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ENCODINGS",
+    "FORMATS",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "DatasetError",
+    "Manifest",
+    "ShardInfo",
+    "load_manifest",
+    "shard_name",
+]
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "imgpack.json"
+FORMATS = ("pt", "hdf5", "lmdb", "wds")
+ENCODINGS = ("raw", "jpeg", "original")
+SHARD_SUFFIX = {"pt": ".pt", "hdf5": ".h5", "lmdb": ".lmdb", "wds": ".tar"}
+SHARD_PREFIX = "shard-"
+TMP_PREFIX = ".tmp-"
+
+# Per-sample key: fixed width so that lexicographic key order is index order (LMDB, tar).
+SAMPLE_KEY = "{:010d}"
+
+# pt: a dict of tensors saved with torch.save, loaded with weights_only=True, mmap=True.
+PT_IMAGES = "images"  # uint8 [N, H, W, 3] when every sample is raw with one shape
+PT_DATA = "data"  # uint8 [total bytes]: encoded bytes or flattened raw pixels, back to back
+PT_OFFSETS = "offsets"  # int64 [N + 1]: sample i is data[offsets[i]:offsets[i + 1]]
+PT_SHAPES = "shapes"  # int64 [N, 3]: per-sample H, W, C for raw pixels of varying shape
+PT_LABELS = "labels"  # int64 [N]
+PT_PATHS = "paths"  # uint8 [total bytes]: UTF-8 source paths relative to SRC, back to back
+PT_PATH_OFFSETS = "path_offsets"  # int64 [N + 1]
+
+# hdf5: datasets in the root group; class names and encoding as file attributes.
+H5_IMAGES = "images"  # uint8 [N, H, W, 3] (one chunk per sample) or vlen uint8 [N]
+H5_SHAPES = "shapes"  # int64 [N, 3] when raw pixels vary in shape
+H5_LABELS = "labels"  # int64 [N]
+H5_PATHS = "paths"  # vlen UTF-8 str [N]
+H5_ATTR_CLASSES = "classes"
+H5_ATTR_ENCODING = "encoding"
+H5_ATTR_VERSION = "imgpack_format_version"
+
+# lmdb: one key per sample (SAMPLE_KEY, ASCII) whose value is the stored bytes, plus
+# metadata keys that sort after every sample key ("_" > "9").
+LMDB_LABELS = b"__labels__"  # int64 little-endian [N]
+LMDB_SHAPES = b"__shapes__"  # int64 little-endian [N, 3], raw pixels only
+LMDB_PATHS = b"__paths__"  # JSON list of N source paths
+
+# wds: members KEY.<ext> (image), KEY.cls (label as ASCII digits), KEY.path.txt (source
+# path); beside each tar an index for random access, SHARD.tar + WDS_INDEX_SUFFIX.
+WDS_LABEL_EXT = "cls"
+WDS_PATH_EXT = "path.txt"
+WDS_RAW_EXT = "npy"
+WDS_IMAGE_EXTS = ("jpg", "png", "bmp", "ppm", "pgm", "tif", "webp", WDS_RAW_EXT)
+WDS_INDEX_SUFFIX = ".idx.json"
+
+
+class DatasetError(ValueError):
+    """A dataset on disk is missing, incomplete, corrupt or of an unsupported version."""
+
+
+def shard_name(fmt: str, index: int) -> str:
+    """File name of shard ``index`` of format ``fmt``, e.g. ``shard-000003.tar``."""
+    return f"{SHARD_PREFIX}{index:06d}{SHARD_SUFFIX[fmt]}"
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard as the manifest lists it."""
+
+    path: str
+    samples: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What ``imgpack.json`` says about a dataset: the reader's single source of truth."""
+
+    root: Path
+    format: str
+    encoding: str
+    shape: tuple[int, int, int] | None  # (H, W, 3), or None for "variable"
+    classes: tuple[str, ...]
+    shards: tuple[ShardInfo, ...]
+    raw: dict[str, Any]
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+    def shard_path(self, index: int) -> Path:
+        return self.root / self.shards[index].path
+
+
+def load_manifest(root: str | os.PathLike[str], expect_format: str | None = None) -> Manifest:
+    """Read and validate ``root/imgpack.json``; raise DatasetError naming the file if bad."""
+    root = Path(root)
+    path = root / MANIFEST_NAME
+    if not root.exists():
+        raise DatasetError(f"{root}: no such dataset folder")
+    if not path.is_file():
+        if any(p.name.startswith((SHARD_PREFIX, TMP_PREFIX)) for p in root.iterdir()):
+            raise DatasetError(
+                f"{root}: incomplete conversion (no {MANIFEST_NAME}): rerun the conversion"
+            )
+        raise DatasetError(f"{root}: not an imgpack dataset (no {MANIFEST_NAME})")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DatasetError(f"{path}: unreadable manifest: {e}") from e
+    return _parse_manifest(root, path, raw, expect_format)
+
+
+def _parse_manifest(
+    root: Path, path: Path, raw: Any, expect_format: str | None
+) -> Manifest:
+    def bad(why: str) -> DatasetError:
+        return DatasetError(f"{path}: {why}")
+
+    if not isinstance(raw, dict):
+        raise bad("manifest is not a JSON object")
+    version = raw.get("format_version")
+    if not isinstance(version, int) or version < 1:
+        raise bad(f"invalid format_version {version!r}")
+    if version > FORMAT_VERSION:
+        raise bad(
+            f"format_version {version} is newer than this imgpack reads ({FORMAT_VERSION}): "
+            "upgrade imgpack"
+        )
+    fmt = raw.get("format")
+    if fmt not in FORMATS:
+        raise bad(f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    if expect_format is not None and fmt != expect_format:
+        raise bad(f"dataset is {fmt!r}, not {expect_format!r}: use readers.open_dataset")
+    encoding = raw.get("encoding")
+    if encoding not in ENCODINGS:
+        raise bad(f"unknown encoding {encoding!r}")
+    shape = raw.get("shape")
+    if shape == "variable":
+        shape = None
+    elif not (
+        isinstance(shape, list)
+        and len(shape) == 3
+        and all(isinstance(d, int) and d > 0 for d in shape)
+        and shape[2] == 3
+    ):
+        raise bad(f"invalid shape {shape!r}: expected [H, W, 3] or \"variable\"")
+    classes = raw.get("classes")
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise bad("classes must be a list of strings")
+    shards = raw.get("shards")
+    if not isinstance(shards, list):
+        raise bad("shards must be a list")
+    infos = []
+    for i, s in enumerate(shards):
+        try:
+            info = ShardInfo(
+                path=s["path"], samples=s["samples"], bytes=s["bytes"], sha256=s["sha256"]
+            )
+        except (TypeError, KeyError) as e:
+            raise bad(f"shard {i}: missing field {e}") from None
+        if not isinstance(info.samples, int) or info.samples < 0:
+            raise bad(f"shard {i}: invalid sample count {info.samples!r}")
+        if not isinstance(info.bytes, int) or info.bytes < 0:
+            raise bad(f"shard {i}: invalid byte size {info.bytes!r}")
+        if not isinstance(info.path, str) or not _is_confined(info.path):
+            raise bad(f"shard {i}: path {info.path!r} is not a file inside the dataset folder")
+        infos.append(info)
+    return Manifest(
+        root=root,
+        format=fmt,
+        encoding=encoding,
+        shape=tuple(shape) if shape is not None else None,
+        classes=tuple(classes),
+        shards=tuple(infos),
+        raw=raw,
+    )
+
+
+def _is_confined(rel: str) -> bool:
+    """True if ``rel`` names a plain relative path with no way out of the dataset folder."""
+    p = Path(rel)
+    return bool(rel) and not p.is_absolute() and ".." not in p.parts and "\\" not in rel

@@ -1,0 +1,182 @@
+"""Readers for ``wds`` (WebDataset) tar shards: random access by index, and streaming.
+
+On-disk layout (names in ``readers.spec``): standard WebDataset tars ``shard-NNNNNN.tar``
+whose members are ``KEY.<ext>`` (``jpg``/``png``/... encoded image, or ``npy`` raw pixels),
+``KEY.cls`` (label, ASCII digits) and ``KEY.path.txt`` (source path), KEY being the
+10-digit sample index. Beside each tar, ``shard-NNNNNN.tar.idx.json`` lists per sample the
+data offset and size of its image member, the extension, label and path: with it the same
+tars serve ``WdsDataset[i]`` by one ``pread``, while :class:`WdsStream` reads them
+sequentially through the ``webdataset`` library (shard and buffer shuffle, worker and rank
+split). Only the extensions above are accepted; anything else (``.pyd``, ``.pickle``) is
+refused, never decoded.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import webdataset
+from torch.utils.data import IterableDataset
+
+from readers import spec
+from readers.base import ImageDataset, Transform
+from readers.decode import decode_image
+from readers.spec import DatasetError, Manifest, load_manifest
+
+__all__ = ["WdsDataset", "WdsStream", "read_index"]
+
+_ALLOWED_EXTS = frozenset((*spec.WDS_IMAGE_EXTS, spec.WDS_LABEL_EXT, spec.WDS_PATH_EXT))
+
+
+def read_index(tar_path: str) -> dict[str, list[Any]]:
+    """Load and check the random-access index that sits beside ``tar_path``."""
+    path = tar_path + spec.WDS_INDEX_SUFFIX
+    try:
+        with open(path, encoding="utf-8") as f:
+            index = json.load(f)
+        n = len(index["offsets"])
+        if not all(len(index[k]) == n for k in ("sizes", "exts", "labels", "paths")):
+            raise ValueError("columns of different lengths")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DatasetError(f"{path}: missing or invalid tar index: {e}") from e
+    return index
+
+
+def _npy_to_array(data: bytes, name: str) -> np.ndarray:
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as e:
+        raise DatasetError(f"{name}: invalid .npy sample: {e}") from e
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+        raise DatasetError(f"{name}: .npy sample is {array.dtype}{array.shape}, not uint8 HxWx3")
+    return array
+
+
+class WdsShard:
+    """A tar shard read by offset through its index."""
+
+    def __init__(self, path: str) -> None:
+        index = read_index(path)
+        self._path = path
+        self._offsets = index["offsets"]
+        self._sizes = index["sizes"]
+        self._exts = index["exts"]
+        self._paths = index["paths"]
+        self.labels = np.asarray(index["labels"], dtype=np.int64)
+        self._fd = os.open(path, os.O_RDONLY)
+        self._file_size = os.fstat(self._fd).st_size
+
+    def read(self, i: int) -> bytes | np.ndarray:
+        offset, size = self._offsets[i], self._sizes[i]
+        if offset + size > self._file_size:
+            raise DatasetError(f"{self._path}: sample {i} lies past the end of the file")
+        data = os.pread(self._fd, size, offset)
+        if self._exts[i] == spec.WDS_RAW_EXT:
+            return _npy_to_array(data, f"{self._path}[{i}]")
+        return data
+
+    def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
+        for row, i in enumerate(idx.tolist()):
+            out[row] = torch.from_numpy(self.read(i))
+
+    def path(self, i: int) -> str:
+        return self._paths[i]
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+
+class WdsDataset(ImageDataset):
+    """Map-style, random-access dataset over WebDataset tars (through their indexes)."""
+
+    format = "wds"
+
+    def open_shard(self, index: int) -> WdsShard:
+        return WdsShard(str(self.manifest.shard_path(index)))
+
+
+def sample_to_item(sample: dict[str, Any], transform: Transform | None) -> tuple[Any, int]:
+    """Turn one webdataset sample dict (raw bytes per extension) into ``(image, label)``.
+
+    Only imgpack's extensions are accepted: decoding never runs code from the data.
+    """
+    name = f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}"
+    fields = {k for k in sample if not k.startswith("__")}
+    unknown = fields - _ALLOWED_EXTS
+    if unknown:
+        raise DatasetError(f"{name}: refusing member(s) {sorted(unknown)} (not imgpack fields)")
+    image_exts = [e for e in spec.WDS_IMAGE_EXTS if e in sample]
+    if len(image_exts) != 1 or spec.WDS_LABEL_EXT not in sample:
+        raise DatasetError(f"{name}: expected one image member and a .cls member")
+    data = sample[image_exts[0]]
+    if image_exts[0] == spec.WDS_RAW_EXT:
+        pixels = _npy_to_array(data, name)
+    else:
+        pixels = decode_image(data, name)
+    image = torch.from_numpy(pixels).permute(2, 0, 1)
+    if transform is not None:
+        image = transform(image)
+    return image, int(sample[spec.WDS_LABEL_EXT])
+
+
+class WdsStream(IterableDataset):
+    """Streaming reader over imgpack tars, built on the ``webdataset`` library.
+
+    Shards are split across ranks (``torch.distributed``) and DataLoader workers, shuffled
+    per epoch with ``seed + epoch``, and samples go through a shuffle buffer of
+    ``shuffle_buffer`` samples (0 to read in stored order). Use ``num_workers`` no larger
+    than the number of shards, or some workers get nothing to read.
+
+    Args:
+        root: the dataset folder (the one holding ``imgpack.json``).
+        transform: applied to each ``[3, H, W]`` uint8 image tensor.
+        shuffle_buffer: samples held for shuffling; 0 disables both shuffles.
+        seed: base seed of the shard and sample shuffles.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        transform: Transform | None = None,
+        shuffle_buffer: int = 1000,
+        seed: int = 0,
+    ) -> None:
+        self.manifest: Manifest = load_manifest(root, expect_format="wds")
+        self.transform = transform
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.epoch = 0
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.manifest.classes)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle differently in each epoch (call before iterating, on every rank)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def __iter__(self) -> Iterator[tuple[Any, int]]:
+        urls = [str(self.manifest.shard_path(i)) for i in range(len(self.manifest.shards))]
+        shuffle = self.shuffle_buffer > 0
+        pipeline = webdataset.WebDataset(
+            urls,
+            shardshuffle=len(urls) if shuffle else False,
+            detshuffle=True,
+            seed=self.seed + self.epoch,
+            nodesplitter=webdataset.split_by_node,
+            empty_check=False,
+        )
+        if shuffle:
+            pipeline = pipeline.shuffle(self.shuffle_buffer, seed=self.seed + self.epoch)
+        for sample in pipeline:
+            yield sample_to_item(sample, self.transform)

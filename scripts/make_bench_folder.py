@@ -1,0 +1,83 @@
+"""Build an ImageNet-shaped benchmark folder of JPEGs derived from freely licensed real photos.
+
+Each image is a random crop (30-100 % of the photo area) of one of the colour photos from
+``make_sample_data.PHOTOS``, resized to an ImageNet-like size (300-500 x 250-450 px), randomly
+flipped and given a mild brightness/contrast jitter. Output is deterministic given ``--seed``.
+
+Usage: ``python scripts/make_bench_folder.py --out /tmp/bench [--images 3000] [--classes 10]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageEnhance
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_sample_data import PHOTOS, load_photo, random_crop, random_flip
+
+_photos: list[Image.Image] = []
+_weights: list[float] = []
+
+
+def _init_worker() -> None:
+    """Load the colour photos once per worker; weight them by pixel count."""
+    for name in sorted(PHOTOS):
+        photo = load_photo(name)
+        if photo.mode == "RGB":
+            _photos.append(photo)
+    total = sum(photo.width * photo.height for photo in _photos)
+    _weights.extend(photo.width * photo.height / total for photo in _photos)
+
+
+def make_image(rng: np.random.Generator) -> Image.Image:
+    """Random crop, resize to an ImageNet-like size, flip and brightness/contrast jitter."""
+    photo = _photos[rng.choice(len(_photos), p=_weights)]
+    size = (int(rng.integers(300, 501)), int(rng.integers(250, 451)))
+    image = random_flip(random_crop(photo, size, 0.3, rng), rng)
+    image = ImageEnhance.Brightness(image).enhance(rng.uniform(0.8, 1.2))
+    return ImageEnhance.Contrast(image).enhance(rng.uniform(0.8, 1.2))
+
+
+def _write(task: tuple[Path, int, int, int]) -> tuple[int, int, int]:
+    """Make image number ``index`` and save it; return (width, height, file size in bytes)."""
+    path, index, seed, quality = task
+    image = make_image(np.random.default_rng([seed, index]))
+    image.save(path, format="JPEG", quality=quality)
+    return image.width, image.height, path.stat().st_size
+
+
+def main() -> None:
+    """Parse arguments, write the folder in parallel and print a one-line summary."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--images", type=int, default=3000, help="total number of images")
+    parser.add_argument("--classes", type=int, default=10, help="number of class folders")
+    parser.add_argument("--seed", type=int, default=0, help="random seed")
+    parser.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    args = parser.parse_args()
+    if args.images < 1 or args.classes < 1:
+        parser.error("--images and --classes must be at least 1")
+
+    tasks = []
+    for index in range(args.images):
+        class_dir = args.out / f"class_{index % args.classes:03d}"
+        class_dir.mkdir(parents=True, exist_ok=True)
+        tasks.append((class_dir / f"img_{index:06d}.jpg", index, args.seed, args.quality))
+    with Pool(os.cpu_count(), initializer=_init_worker) as pool:
+        stats = np.array(pool.map(_write, tasks, chunksize=16), dtype=float)
+    width, height, size = stats.mean(axis=0)
+    print(
+        f"wrote {args.images} images in {args.classes} classes to {args.out}: "
+        f"mean {width:.0f}x{height:.0f} px, mean {size / 1024:.1f} KiB, "
+        f"total {stats[:, 2].sum() / 2**20:.1f} MiB"
+    )
+
+
+if __name__ == "__main__":
+    main()

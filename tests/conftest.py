@@ -1,0 +1,45 @@
+"""Shared fixtures: the bundled sample folder and converted datasets built from it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from convert import ConvertOptions, convert_folder
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_DATA = ROOT / "sample_data"
+
+# The geometry each encoding is tested with: fixed-size raw, variable raw, resized JPEG,
+# untouched originals.
+ENCODING_CASES = {
+    "raw-fixed": {"encoding": "raw", "resize": 72, "center_crop": 64},
+    "raw-variable": {"encoding": "raw", "resize": 48},
+    "jpeg": {"encoding": "jpeg", "resize": 80},
+    "original": {"encoding": "original"},
+}
+
+
+@pytest.fixture(scope="session")
+def sample_data() -> Path:
+    return SAMPLE_DATA
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``converted(fmt, case, **extra)`` -> a dataset of sample_data, built once per session."""
+    cache: dict[tuple, Path] = {}
+
+    def build(fmt: str, case: str, **extra) -> Path:
+        key = (fmt, case, tuple(sorted(extra.items())))
+        if key not in cache:
+            dst = tmp_path_factory.mktemp(f"{fmt}-{case}")
+            options = ConvertOptions(format=fmt, **ENCODING_CASES[case], **extra)
+            convert_folder(SAMPLE_DATA, dst, options, workers=2, overwrite=True,
+                           progress=False)
+            cache[key] = dst
+        return cache[key]
+
+    return build
