@@ -41,8 +41,9 @@ def main(ctx: click.Context, debug: bool) -> None:
     imgpack info /data/in1k-pt
     """
     ctx.obj = {"debug": debug}
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
-                        format="imgpack: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING, format="imgpack: %(message)s"
+    )
 
 
 def _fail(ctx: click.Context, error: Exception) -> None:
@@ -54,46 +55,97 @@ def _fail(ctx: click.Context, error: Exception) -> None:
 @main.command()
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(spec.FORMATS), required=True,
-              help="pt: mmap'd torch shards, fastest random reads. hdf5: one portable file. "
-                   "lmdb: key-value store, fast random reads. wds: WebDataset tars for "
-                   "streaming from disk or object storage.")
-@click.option("--encoding", type=click.Choice(spec.ENCODINGS), default="jpeg", show_default=True,
-              help="raw: decoded uint8 pixels, no decode at train time but ~10x the bytes. "
-                   "jpeg: re-encode after resizing. original: source bytes unchanged "
-                   "(checked to decode).")
-@click.option("--resize", type=int, metavar="S",
-              help="Resize the shorter side to S pixels, keeping the aspect ratio.")
-@click.option("--center-crop", type=int, metavar="C",
-              help="Crop the central CxC square after resizing (zero-padded if smaller). "
-                   "Raw pixels have one fixed shape only with this option; without it each "
-                   "sample keeps its own shape.")
-@click.option("--quality", type=int, default=90, show_default=True,
-              help="JPEG quality for --encoding jpeg.")
-@click.option("--shard-size", type=int, metavar="N",
-              help="Samples per shard [default: 10000 for pt and wds; one file for hdf5 "
-                   "and lmdb].")
-@click.option("--shard-bytes", type=str, metavar="SIZE",
-              help="Start a new shard before one passes SIZE of sample data, e.g. 512MB "
-                   "[default: 1GiB for pt and wds].")
-@click.option("--workers", type=int, metavar="N",
-              help=f"Processes decoding and encoding [default: usable CPUs, {default_workers()} "
-                   "here].")
-@click.option("--shuffle", is_flag=True,
-              help="Write samples in a random order (fixed by --seed), so that reading a "
-                   "stream sequentially is already shuffled.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(spec.FORMATS),
+    required=True,
+    help="pt: mmap'd torch shards, fastest random reads. hdf5: one portable file. "
+    "lmdb: key-value store, fast random reads. wds: WebDataset tars for "
+    "streaming from disk or object storage.",
+)
+@click.option(
+    "--encoding",
+    type=click.Choice(spec.ENCODINGS),
+    default="jpeg",
+    show_default=True,
+    help="raw: decoded uint8 pixels, no decode at train time but ~10x the bytes. "
+    "jpeg: re-encode after resizing. original: source bytes unchanged "
+    "(checked to decode).",
+)
+@click.option(
+    "--resize",
+    type=int,
+    metavar="S",
+    help="Resize the shorter side to S pixels, keeping the aspect ratio.",
+)
+@click.option(
+    "--center-crop",
+    type=int,
+    metavar="C",
+    help="Crop the central CxC square after resizing (zero-padded if smaller). "
+    "Raw pixels have one fixed shape only with this option; without it each "
+    "sample keeps its own shape.",
+)
+@click.option(
+    "--quality", type=int, default=90, show_default=True, help="JPEG quality for --encoding jpeg."
+)
+@click.option(
+    "--shard-size",
+    type=int,
+    metavar="N",
+    help="Samples per shard [default: 10000 for pt and wds; one file for hdf5 and lmdb].",
+)
+@click.option(
+    "--shard-bytes",
+    type=str,
+    metavar="SIZE",
+    help="Start a new shard before one passes SIZE of sample data, e.g. 512MB "
+    "[default: 1GiB for pt and wds].",
+)
+@click.option(
+    "--workers",
+    type=int,
+    metavar="N",
+    help=f"Processes decoding and encoding [default: usable CPUs, {default_workers()} here].",
+)
+@click.option(
+    "--shuffle",
+    is_flag=True,
+    help="Write samples in a random order (fixed by --seed), so that reading a "
+    "stream sequentially is already shuffled.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
-@click.option("--compression", type=click.Choice(["gzip", "lzf"]),
-              help="HDF5 only: compress each chunk (helps raw pixels; JPEG barely shrinks).")
-@click.option("--overwrite", is_flag=True,
-              help="Replace an existing imgpack dataset at DST.")
-@click.option("--progress/--no-progress", default=None,
-              help="Progress bar [default: on when stderr is a terminal].")
+@click.option(
+    "--compression",
+    type=click.Choice(["gzip", "lzf"]),
+    help="HDF5 only: compress each chunk (helps raw pixels; JPEG barely shrinks).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing imgpack dataset at DST.")
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar [default: on when stderr is a terminal].",
+)
 @click.pass_context
-def convert(ctx: click.Context, src: Path, dst: Path, fmt: str, encoding: str,
-            resize: int | None, center_crop: int | None, quality: int, shard_size: int | None,
-            shard_bytes: str | None, workers: int | None, shuffle: bool, seed: int,
-            compression: str | None, overwrite: bool, progress: bool | None) -> None:
+def convert(
+    ctx: click.Context,
+    src: Path,
+    dst: Path,
+    fmt: str,
+    encoding: str,
+    resize: int | None,
+    center_crop: int | None,
+    quality: int,
+    shard_size: int | None,
+    shard_bytes: str | None,
+    workers: int | None,
+    shuffle: bool,
+    seed: int,
+    compression: str | None,
+    overwrite: bool,
+    progress: bool | None,
+) -> None:
     """Convert SRC, an image folder with one sub-folder per class, into DST.
 
     Labels follow torchvision's ImageFolder: classes are the sorted sub-folder names.
@@ -101,14 +153,21 @@ def convert(ctx: click.Context, src: Path, dst: Path, fmt: str, encoding: str,
     The manifest DST/imgpack.json is written last; readers start from it.
     """
     options = ConvertOptions(
-        format=fmt, encoding=encoding, resize=resize, center_crop=center_crop,
-        quality=quality, shard_size=shard_size,
+        format=fmt,
+        encoding=encoding,
+        resize=resize,
+        center_crop=center_crop,
+        quality=quality,
+        shard_size=shard_size,
         shard_bytes=parse_bytes(shard_bytes) if shard_bytes else None,
-        shuffle=shuffle, seed=seed, compression=compression,
+        shuffle=shuffle,
+        seed=seed,
+        compression=compression,
     )
     try:
-        result = convert_folder(src, dst, options, workers=workers, overwrite=overwrite,
-                                progress=progress)
+        result = convert_folder(
+            src, dst, options, workers=workers, overwrite=overwrite, progress=progress
+        )
     except (ValueError, OSError) as e:
         _fail(ctx, e)
     click.echo(result.summary())

@@ -193,26 +193,38 @@ def convert_folder(
 
     result = ConvertResult(dst)
     start = time.perf_counter()
-    layout = Layout(options.encoding, options.transform.output_shape(), tuple(classes),
-                    options.compression)
-    output = ShardedOutput(dst, options.format, WRITERS[options.format], layout,
-                           *options.shard_limits())
+    layout = Layout(
+        options.encoding, options.transform.output_shape(), tuple(classes), options.compression
+    )
+    output = ShardedOutput(
+        dst, options.format, WRITERS[options.format], layout, *options.shard_limits()
+    )
     content = hashlib.sha256()
     per_class = [0] * len(classes)
     shapes: set[tuple[int, ...]] = set()
-    bar = tqdm(total=len(samples), unit="img", desc=f"{options.format}/{options.encoding}",
-               disable=None if progress is None else not progress, smoothing=0.1)
+    bar = tqdm(
+        total=len(samples),
+        unit="img",
+        desc=f"{options.format}/{options.encoding}",
+        disable=None if progress is None else not progress,
+        smoothing=0.1,
+    )
     with bar:
         stream = _prepared_stream(src, samples, options.transform, workers)
-        for sample, prepared in zip(samples, stream):
+        for sample, prepared in zip(samples, stream, strict=True):
             bar.update()
             if isinstance(prepared, str):
                 result.skipped += 1
                 result.errors.append({"path": sample.relpath, "error": prepared})
                 log.warning("skipped %s", prepared)
                 continue
-            record = Record(spec.SAMPLE_KEY.format(result.written), prepared.data, prepared.ext,
-                            sample.label, sample.relpath)
+            record = Record(
+                spec.SAMPLE_KEY.format(result.written),
+                prepared.data,
+                prepared.ext,
+                sample.label,
+                sample.relpath,
+            )
             output.add(record)
             _update_content_hash(content, record)
             shapes.add(prepared.shape)
@@ -228,11 +240,14 @@ def convert_folder(
     if result.errors:
         _write_errors(dst / ERRORS_NAME, result.errors)
     # Raw pixels: the stored layout (fixed only with --center-crop). Encoded: what decodes.
-    shape = layout.shape if options.encoding == "raw" else (
-        next(iter(shapes)) if len(shapes) == 1 else None
+    shape = (
+        layout.shape
+        if options.encoding == "raw"
+        else (next(iter(shapes)) if len(shapes) == 1 else None)
     )
-    _write_manifest(dst, options, classes, per_class, shards, shape, content.hexdigest(),
-                    result, workers)
+    _write_manifest(
+        dst, options, classes, per_class, shards, shape, content.hexdigest(), result, workers
+    )
     return result
 
 
@@ -269,7 +284,7 @@ def _write_manifest(
         "shape": list(shape) if shape is not None else "variable",
         "dtype": "uint8",
         "classes": classes,
-        "samples_per_class": dict(zip(classes, per_class)),
+        "samples_per_class": dict(zip(classes, per_class, strict=True)),
         "num_samples": result.written,
         "written": result.written,
         "skipped": result.skipped,

@@ -15,10 +15,16 @@ from PIL import Image
 
 from readers.decode import decode_image, encode_jpeg, is_jpeg
 
-__all__ = ["Prepared", "Transform", "prepare", "resize_shorter", "center_crop"]
+__all__ = ["Prepared", "Transform", "center_crop", "prepare", "resize_shorter"]
 
-_PIL_FORMAT_EXT = {"JPEG": "jpg", "PNG": "png", "BMP": "bmp", "PPM": "ppm", "TIFF": "tif",
-                   "WEBP": "webp"}
+_PIL_FORMAT_EXT = {
+    "JPEG": "jpg",
+    "PNG": "png",
+    "BMP": "bmp",
+    "PPM": "ppm",
+    "TIFF": "tif",
+    "WEBP": "webp",
+}
 
 
 @dataclass(frozen=True)
@@ -66,8 +72,8 @@ def center_crop(pixels: np.ndarray, size: int) -> np.ndarray:
         top, left = (padded.shape[0] - h) // 2, (padded.shape[1] - w) // 2
         padded[top : top + h, left : left + w] = pixels
         pixels, h, w = padded, padded.shape[0], padded.shape[1]
-    top = int(round((h - size) / 2.0))
-    left = int(round((w - size) / 2.0))
+    top = round((h - size) / 2.0)
+    left = round((w - size) / 2.0)
     return np.ascontiguousarray(pixels[top : top + size, left : left + size])
 
 

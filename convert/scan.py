@@ -46,7 +46,5 @@ def scan_folder(src: Path) -> tuple[list[str], list[Sample]]:
                     rel = os.path.relpath(os.path.join(dirpath, fname), src)
                     samples.append(Sample(rel, label))
     if not samples:
-        raise FileNotFoundError(
-            f"{src}: no images found (extensions: {', '.join(IMG_EXTENSIONS)})"
-        )
+        raise FileNotFoundError(f"{src}: no images found (extensions: {', '.join(IMG_EXTENSIONS)})")
     return classes, samples

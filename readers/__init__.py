@@ -16,7 +16,7 @@ from readers.decode import decode_image, decoder_name
 from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
 from readers.pt import PtDataset
-from readers.spec import FORMATS, DatasetError, Manifest, load_manifest
+from readers.spec import DatasetError, Manifest, load_manifest
 from readers.wds import WdsDataset, WdsStream
 
 __all__ = [

@@ -137,9 +137,9 @@ class ImageDataset(Dataset):
             self._gather_pixels(located, images)
             return SampleBatch(images.permute(0, 3, 1, 2), labels)
         items = self._map(lambda sk: self._load(*sk), located)
-        if items and all(isinstance(t, torch.Tensor) for t in items):
-            if len({t.shape for t in items}) == 1:
-                return SampleBatch(torch.stack(items), labels)
+        tensors = items and all(isinstance(t, torch.Tensor) for t in items)
+        if tensors and len({t.shape for t in items}) == 1:
+            return SampleBatch(torch.stack(items), labels)
         return SampleBatch(items, labels)
 
     def source_path(self, index: int) -> str:
@@ -149,9 +149,7 @@ class ImageDataset(Dataset):
 
     def targets(self) -> list[int]:
         """All labels in index order (like ``ImageFolder.targets``)."""
-        return [
-            int(x) for k in range(len(self.manifest.shards)) for x in self._shard(k).labels
-        ]
+        return [int(x) for k in range(len(self.manifest.shards)) for x in self._shard(k).labels]
 
     # --- internals ----------------------------------------------------------------------
     def _locate(self, index: int) -> tuple[int, int]:
@@ -210,8 +208,8 @@ class ImageDataset(Dataset):
         return list(self._pool.map(fn, items))
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(_pid=None, _shards={}, _pool=None, _pool_threads=0)  # handles never cross processes
+        state = self.__dict__.copy()  # handles and threads never cross processes
+        state.update(_pid=None, _shards={}, _pool=None, _pool_threads=0)
         return state
 
     def __repr__(self) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-__all__ = ["decoder_name", "decode_image", "is_jpeg", "encode_jpeg"]
+__all__ = ["decode_image", "decoder_name", "encode_jpeg", "is_jpeg"]
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,9 @@ def encode_jpeg(pixels: np.ndarray, quality: int) -> bytes:
     """Encode uint8 ``[H, W, 3]`` RGB pixels as baseline 4:2:0 JPEG."""
     tj = _turbojpeg()
     if tj is not None:
-        return tj.encode(np.ascontiguousarray(pixels), quality=quality, pixel_format=0,
-                         jpeg_subsample=2)  # TJSAMP_420, as Pillow's default
+        # pixel_format 0 is TJPF_RGB; jpeg_subsample 2 is TJSAMP_420, Pillow's default.
+        pixels = np.ascontiguousarray(pixels)
+        return tj.encode(pixels, quality=quality, pixel_format=0, jpeg_subsample=2)
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, "JPEG", quality=quality)
     return out.getvalue()

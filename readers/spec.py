@@ -127,9 +127,7 @@ def load_manifest(root: str | os.PathLike[str], expect_format: str | None = None
     return _parse_manifest(root, path, raw, expect_format)
 
 
-def _parse_manifest(
-    root: Path, path: Path, raw: Any, expect_format: str | None
-) -> Manifest:
+def _parse_manifest(root: Path, path: Path, raw: Any, expect_format: str | None) -> Manifest:
     def bad(why: str) -> DatasetError:
         return DatasetError(f"{path}: {why}")
 
@@ -160,7 +158,7 @@ def _parse_manifest(
         and all(isinstance(d, int) and d > 0 for d in shape)
         and shape[2] == 3
     ):
-        raise bad(f"invalid shape {shape!r}: expected [H, W, 3] or \"variable\"")
+        raise bad(f'invalid shape {shape!r}: expected [H, W, 3] or "variable"')
     classes = raw.get("classes")
     if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
         raise bad("classes must be a list of strings")

@@ -40,11 +40,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "demo")
     args = parser.parse_args()
 
-    runs = [("raw", {"resize": 256, "center_crop": 224}), ("jpeg", {"resize": 256,
-                                                                    "center_crop": 224})]
+    runs = [
+        ("raw", {"resize": 256, "center_crop": 224}),
+        ("jpeg", {"resize": 256, "center_crop": 224}),
+    ]
     print(f"JPEG decoder: {readers.decoder_name()}")
-    print(f"{'format':<6} {'encoding':<8} {'samples':>7} {'bytes on disk':>14} "
-          f"{'convert/s':>10} {'read/s':>9}")
+    print(
+        f"{'format':<6} {'encoding':<8} {'samples':>7} {'bytes on disk':>14} "
+        f"{'convert/s':>10} {'read/s':>9}"
+    )
     for encoding, geometry in runs:
         for fmt in spec.FORMATS:
             dst = args.out / f"{fmt}-{encoding}"
@@ -52,8 +56,10 @@ def main() -> None:
             result = convert_folder(args.src, dst, options, overwrite=True, progress=False)
             on_disk = sum(s.bytes for s in readers.load_manifest(dst).shards)
             samples, rate = read_rate(dst)
-            print(f"{fmt:<6} {encoding:<8} {samples:>7} {on_disk:>14,} "
-                  f"{result.written / result.seconds:>10.0f} {rate:>9.0f}")
+            print(
+                f"{fmt:<6} {encoding:<8} {samples:>7} {on_disk:>14,} "
+                f"{result.written / result.seconds:>10.0f} {rate:>9.0f}"
+            )
     print(f"datasets in {args.out}; inspect one with: imgpack info {args.out}/pt-raw")
 
 

@@ -37,8 +37,7 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         if key not in cache:
             dst = tmp_path_factory.mktemp(f"{fmt}-{case}")
             options = ConvertOptions(format=fmt, **ENCODING_CASES[case], **extra)
-            convert_folder(SAMPLE_DATA, dst, options, workers=2, overwrite=True,
-                           progress=False)
+            convert_folder(SAMPLE_DATA, dst, options, workers=2, overwrite=True, progress=False)
             cache[key] = dst
         return cache[key]
 

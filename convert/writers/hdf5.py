@@ -39,13 +39,15 @@ class Hdf5Writer:
             )
         else:
             self.images = create(
-                spec.H5_IMAGES, (), h5py.vlen_dtype(np.uint8), chunks=(_BLOCK,),
+                spec.H5_IMAGES,
+                (),
+                h5py.vlen_dtype(np.uint8),
+                chunks=(_BLOCK,),
                 compression=layout.compression,
             )
-        varying_raw = layout.encoding == "raw" and not self.fixed
-        self.shapes = create(spec.H5_SHAPES, (3,), np.int64, chunks=(_BLOCK, 3)) if (
-            varying_raw
-        ) else None
+        self.shapes = None
+        if layout.encoding == "raw" and not self.fixed:
+            self.shapes = create(spec.H5_SHAPES, (3,), np.int64, chunks=(_BLOCK, 3))
         self.labels = create(spec.H5_LABELS, (), np.int64, chunks=(_BLOCK,))
         self.paths = create(spec.H5_PATHS, (), h5py.string_dtype("utf-8"), chunks=(_BLOCK,))
         self.pending: list[Record] = []
@@ -69,7 +71,8 @@ class Hdf5Writer:
         else:
             column = np.empty(len(recs), dtype=object)
             column[:] = [
-                r.data.reshape(-1) if isinstance(r.data, np.ndarray)
+                r.data.reshape(-1)
+                if isinstance(r.data, np.ndarray)
                 else np.frombuffer(r.data, dtype=np.uint8)
                 for r in recs
             ]

@@ -29,8 +29,13 @@ class LmdbWriter:
         self.path = path
         self.layout = layout
         self.env = lmdb.open(
-            str(path), subdir=False, map_size=_INITIAL_MAP, lock=False, meminit=False,
-            sync=False, map_async=True,
+            str(path),
+            subdir=False,
+            map_size=_INITIAL_MAP,
+            lock=False,
+            meminit=False,
+            sync=False,
+            map_async=True,
         )
         self.pending: list[tuple[bytes, bytes]] = []
         self.pending_bytes = 0

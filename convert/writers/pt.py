@@ -21,9 +21,8 @@ def _concat(chunks: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
     """Bytes back to back as one uint8 tensor, with int64 offsets [N + 1]."""
     offsets = np.zeros(len(chunks) + 1, dtype=np.int64)
     np.cumsum([len(c) for c in chunks], out=offsets[1:])
-    data = torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8) if chunks else (
-        torch.empty(0, dtype=torch.uint8)
-    )
+    joined = bytearray(b"".join(chunks))
+    data = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, torch.uint8)
     return data, torch.from_numpy(offsets)
 
 

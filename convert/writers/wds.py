@@ -31,9 +31,10 @@ class WdsWriter:
 
     def __init__(self, path: Path, layout: Layout) -> None:
         self.path = path
-        self.tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
-        self.index: dict[str, list] = {k: [] for k in ("offsets", "sizes", "exts", "labels",
-                                                       "paths")}
+        self.tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
+        self.index: dict[str, list] = {
+            k: [] for k in ("offsets", "sizes", "exts", "labels", "paths")
+        }
 
     def _member(self, name: str, data: bytes) -> int:
         """Append one member; return the offset of its data in the tar."""
