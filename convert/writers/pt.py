@@ -21,8 +21,7 @@ def _concat(chunks: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
     """Bytes back to back as one uint8 tensor, with int64 offsets [N + 1]."""
     offsets = np.zeros(len(chunks) + 1, dtype=np.int64)
     np.cumsum([len(c) for c in chunks], out=offsets[1:])
-    joined = bytearray(b"".join(chunks))
-    data = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, torch.uint8)
+    data = torch.from_numpy(np.frombuffer(bytearray(b"".join(chunks)), dtype=np.uint8))
     return data, torch.from_numpy(offsets)
 
 
