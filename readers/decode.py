@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 from functools import cache
 from typing import Any
 
@@ -21,9 +22,8 @@ __all__ = ["decode_image", "decoder_name", "encode_jpeg", "is_jpeg"]
 log = logging.getLogger(__name__)
 
 JPEG_MAGIC = b"\xff\xd8\xff"
-# Adobe APP14 marks CMYK/YCCK JPEGs, which libjpeg-turbo's RGB output gets wrong; Pillow
-# handles them, so they take the Pillow path.
-_ADOBE_MARKER = b"\xff\xee"
+JPEG_EOI = b"\xff\xd9"
+DECODER_ENV = "IMGPACK_DECODER"  # "pillow" forces Pillow even when PyTurboJPEG works
 
 
 def is_jpeg(data: bytes | memoryview) -> bool:
@@ -34,6 +34,8 @@ def is_jpeg(data: bytes | memoryview) -> bool:
 @cache
 def _turbojpeg() -> Any | None:
     """The PyTurboJPEG handle, or None (logged once) when it or libturbojpeg is missing."""
+    if os.environ.get(DECODER_ENV, "").lower() == "pillow":
+        return None
     try:
         from turbojpeg import TurboJPEG
 
@@ -51,15 +53,19 @@ def decoder_name() -> str:
 def decode_image(data: bytes | memoryview, name: str = "<bytes>") -> np.ndarray:
     """Decode encoded image bytes to a uint8 ``[H, W, 3]`` RGB array.
 
+    Complete JPEGs go to PyTurboJPEG; everything else, and any JPEG it cannot turn into RGB
+    (CMYK), goes to Pillow, which also judges damaged files (a truncated JPEG is an error,
+    not a partly grey image).
+
     Raises:
         ValueError: naming ``name`` when the bytes are not a decodable image.
     """
     tj = _turbojpeg()
-    if tj is not None and is_jpeg(data) and _ADOBE_MARKER not in bytes(data[:1024]):
+    if tj is not None and is_jpeg(data) and bytes(data[-2:]) == JPEG_EOI:
         try:
             return tj.decode(bytes(data), pixel_format=0)  # TJPF_RGB
-        except OSError as e:
-            raise ValueError(f"{name}: cannot decode JPEG: {e}") from e
+        except OSError:
+            pass
     return pil_to_rgb_array(_open_pil(data, name), name)
 
 

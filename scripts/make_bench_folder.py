@@ -1,8 +1,12 @@
 """Build an ImageNet-shaped benchmark folder of JPEGs derived from freely licensed real photos.
 
-Each image is a random crop (30-100 % of the photo area) of one of the colour photos from
-``make_sample_data.PHOTOS``, resized to an ImageNet-like size (300-500 x 250-450 px), randomly
-flipped and given a mild brightness/contrast jitter. Output is deterministic given ``--seed``.
+Each image is a random crop of one of the colour photos from ``make_sample_data.PHOTOS``,
+resized to an ImageNet-like size (300-500 x 250-450 px), randomly flipped and given a mild
+brightness/contrast jitter. To keep the fine detail (and so the file size, ~60 KB) of
+ImageNet's JPEGs rather than that of smooth upscales, crops are mostly downscaled (at most
+1.2x upscaled, at most 2x downscaled, log-uniform in area), get a mild unsharp mask after
+resizing, and ``SUBSAMPLING_444`` of them are saved with 4:4:4 chroma (the rest 4:2:0), as
+ImageNet mixes both. Output is deterministic given ``--seed``.
 
 Usage: ``python scripts/make_bench_folder.py --out /tmp/bench [--images 3000] [--classes 10]``
 """
@@ -16,10 +20,14 @@ from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageEnhance
+from PIL import Image, ImageEnhance, ImageFilter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_sample_data import PHOTOS, load_photo, random_crop, random_flip
+from make_sample_data import PHOTOS, load_photo, random_flip
+
+MAX_UPSCALE = 1.2  # linear scale factors a crop may be resized by
+MAX_DOWNSCALE = 2.0
+SUBSAMPLING_444 = 0.4  # fraction of images saved with 4:4:4 chroma instead of 4:2:0
 
 _photos: list[Image.Image] = []
 _weights: list[float] = []
@@ -35,20 +43,44 @@ def _init_worker() -> None:
     _weights.extend(photo.width * photo.height / total for photo in _photos)
 
 
+def detailed_crop(
+    photo: Image.Image, size: tuple[int, int], rng: np.random.Generator
+) -> Image.Image:
+    """Crop a random region with the aspect of ``size`` that is resized to ``size`` by a
+    factor within [1 / MAX_DOWNSCALE, MAX_UPSCALE] where the photo allows, then resize it."""
+    aspect = size[0] / size[1]
+    target = size[0] * size[1]
+    photo_area = photo.width * photo.height
+    low = min(photo_area, target / MAX_UPSCALE**2)
+    high = min(photo_area, target * MAX_DOWNSCALE**2)
+    area = float(np.exp(rng.uniform(np.log(low), np.log(high))))
+    crop_w = min(photo.width, round(np.sqrt(area * aspect)))
+    crop_h = min(photo.height, round(crop_w / aspect))
+    crop_w = min(crop_w, round(crop_h * aspect))
+    left = int(rng.integers(0, photo.width - crop_w + 1))
+    top = int(rng.integers(0, photo.height - crop_h + 1))
+    view = photo.crop((left, top, left + crop_w, top + crop_h))
+    return view.resize(size, Image.Resampling.LANCZOS)
+
+
 def make_image(rng: np.random.Generator) -> Image.Image:
-    """Random crop, resize to an ImageNet-like size, flip and brightness/contrast jitter."""
+    """Crop and resize to an ImageNet-like size, flip, jitter, then sharpen mildly."""
     photo = _photos[rng.choice(len(_photos), p=_weights)]
     size = (int(rng.integers(300, 501)), int(rng.integers(250, 451)))
-    image = random_flip(random_crop(photo, size, 0.3, rng), rng)
+    image = random_flip(detailed_crop(photo, size, rng), rng)
     image = ImageEnhance.Brightness(image).enhance(rng.uniform(0.8, 1.2))
-    return ImageEnhance.Contrast(image).enhance(rng.uniform(0.8, 1.2))
+    image = ImageEnhance.Contrast(image).enhance(rng.uniform(0.8, 1.2))
+    sharpen = ImageFilter.UnsharpMask(radius=1.5, percent=int(rng.integers(80, 141)), threshold=2)
+    return image.filter(sharpen)
 
 
 def _write(task: tuple[Path, int, int, int]) -> tuple[int, int, int]:
     """Make image number ``index`` and save it; return (width, height, file size in bytes)."""
     path, index, seed, quality = task
-    image = make_image(np.random.default_rng([seed, index]))
-    image.save(path, format="JPEG", quality=quality)
+    rng = np.random.default_rng([seed, index])
+    image = make_image(rng)
+    subsampling = 0 if rng.random() < SUBSAMPLING_444 else 2  # Pillow: 0 = 4:4:4, 2 = 4:2:0
+    image.save(path, format="JPEG", quality=quality, subsampling=subsampling)
     return image.width, image.height, path.stat().st_size
 
 
@@ -74,8 +106,8 @@ def main() -> None:
     width, height, size = stats.mean(axis=0)
     print(
         f"wrote {args.images} images in {args.classes} classes to {args.out}: "
-        f"mean {width:.0f}x{height:.0f} px, mean {size / 1024:.1f} KiB, "
-        f"total {stats[:, 2].sum() / 2**20:.1f} MiB"
+        f"mean {width:.0f}x{height:.0f} px, mean {size / 1000:.1f} KB ({size / 1024:.1f} KiB), "
+        f"total {stats[:, 2].sum() / 1e6:.1f} MB"
     )
 
 

@@ -1,0 +1,117 @@
+"""``convert.scan.scan_folder`` follows torchvision ``ImageFolder`` semantics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from convert.scan import IMG_EXTENSIONS, Sample, find_classes, scan_folder
+
+
+def touch(root: Path, *relpaths: str) -> None:
+    for rel in relpaths:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"not decoded by the scan")
+
+
+def test_classes_are_sorted_subfolder_names_and_labels_follow_their_order(tmp_path):
+    touch(tmp_path, "zebra/z.jpg", "Apple/a.jpg", "mango/m.jpg", "banana/b.jpg")
+    classes, samples = scan_folder(tmp_path)
+    # Plain code-point order, as ImageFolder sorts: upper case before lower case.
+    assert classes == ["Apple", "banana", "mango", "zebra"]
+    class_to_idx = {c: i for i, c in enumerate(classes)}
+    assert samples == [
+        Sample("Apple/a.jpg", class_to_idx["Apple"]),
+        Sample("banana/b.jpg", class_to_idx["banana"]),
+        Sample("mango/m.jpg", class_to_idx["mango"]),
+        Sample("zebra/z.jpg", class_to_idx["zebra"]),
+    ]
+
+
+def test_files_are_sorted_within_a_class_whatever_the_creation_order(tmp_path):
+    touch(tmp_path, "c/b10.jpg", "c/a.png", "c/b2.jpg", "c/B.jpg")
+    _, samples = scan_folder(tmp_path)
+    assert [s.relpath for s in samples] == ["c/B.jpg", "c/a.png", "c/b10.jpg", "c/b2.jpg"]
+    assert {s.label for s in samples} == {0}
+
+
+def test_images_in_nested_subfolders_of_a_class_belong_to_that_class(tmp_path):
+    touch(tmp_path, "cat/top.jpg", "cat/deep/er/x.jpg", "cat/sub/y.jpg", "dog/d.jpg")
+    classes, samples = scan_folder(tmp_path)
+    assert classes == ["cat", "dog"]  # nested folders are not classes
+    # os.walk order sorted by folder (ImageFolder's make_dataset does the same).
+    assert samples == [
+        Sample("cat/top.jpg", 0),
+        Sample("cat/deep/er/x.jpg", 0),
+        Sample("cat/sub/y.jpg", 0),
+        Sample("dog/d.jpg", 1),
+    ]
+
+
+def test_upper_case_and_every_listed_extension_count_as_images(tmp_path):
+    names = [f"c/img{i}{ext}" for i, ext in enumerate(IMG_EXTENSIONS)]
+    names += ["c/upper.JPG", "c/mixed.JpEg", "c/shout.PNG"]
+    touch(tmp_path, *names)
+    _, samples = scan_folder(tmp_path)
+    assert sorted(s.relpath for s in samples) == sorted(names)
+
+
+def test_non_image_files_are_ignored(tmp_path):
+    touch(
+        tmp_path,
+        "c/good.jpg",
+        "c/notes.txt",
+        "c/.DS_Store",
+        "c/Thumbs.db",
+        "c/archive.jpg.zip",
+        "c/noext",
+        "c/sub/labels.csv",
+        "README.md",  # files directly in SRC are not samples either
+    )
+    _, samples = scan_folder(tmp_path)
+    assert samples == [Sample("c/good.jpg", 0)]
+
+
+def test_an_empty_class_folder_still_takes_its_place_in_classes(tmp_path):
+    touch(tmp_path, "a/x.jpg", "c/y.jpg")
+    (tmp_path / "b").mkdir()
+    classes, samples = scan_folder(tmp_path)
+    assert classes == ["a", "b", "c"]
+    assert [(s.relpath, s.label) for s in samples] == [("a/x.jpg", 0), ("c/y.jpg", 2)]
+    assert find_classes(tmp_path) == classes
+
+
+def test_sample_data_has_four_classes_of_eight_images(sample_data):
+    classes, samples = scan_folder(sample_data)
+    assert classes == ["nature", "people", "scenes", "space"]
+    assert [sum(s.label == k for s in samples) for k in range(4)] == [8, 8, 8, 8]
+    assert all(not Path(s.relpath).is_absolute() for s in samples)
+    assert all((sample_data / s.relpath).is_file() for s in samples)
+
+
+def test_missing_source_folder_raises_file_not_found_naming_it(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(FileNotFoundError, match="nope"):
+        scan_folder(missing)
+
+
+def test_source_that_is_a_file_raises_file_not_found(tmp_path):
+    path = tmp_path / "file.jpg"
+    path.write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match="file.jpg"):
+        scan_folder(path)
+
+
+def test_source_without_class_folders_raises_file_not_found(tmp_path):
+    touch(tmp_path, "loose.jpg")
+    with pytest.raises(FileNotFoundError, match="class sub-folders"):
+        scan_folder(tmp_path)
+
+
+def test_class_folders_without_images_raise_file_not_found(tmp_path):
+    touch(tmp_path, "a/notes.txt", "b/.DS_Store")
+    (tmp_path / "c").mkdir()
+    with pytest.raises(FileNotFoundError, match="no images"):
+        scan_folder(tmp_path)
