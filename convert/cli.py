@@ -14,8 +14,7 @@ from convert.pipeline import ConvertOptions, convert_folder, default_workers
 from readers import __version__, spec
 from readers.spec import DatasetError, load_manifest
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i)?)?b?\s*$", re.IGNORECASE)
 
 
 def parse_bytes(text: str) -> int:
@@ -23,9 +22,10 @@ def parse_bytes(text: str) -> int:
     match = _SIZE.match(text)
     if not match:
         raise click.BadParameter(f"{text!r} is not a size like 512MB or 1GiB")
-    number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    scale = _UNITS[unit[:1]] if "i" not in unit else 1024 ** "bkmgt".index(unit[:1])
-    return int(number * scale)
+    number, prefix, binary = float(match.group(1)), match.group(2), match.group(3)
+    if not prefix:
+        return int(number)
+    return int(number * (1024 if binary else 1000) ** ("kmgt".index(prefix.lower()) + 1))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

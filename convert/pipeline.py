@@ -145,21 +145,33 @@ def _prepared_stream(
 
 
 # --- the job ------------------------------------------------------------------------------
+def _written_by_imgpack(path: Path) -> bool:
+    name = path.name
+    return name in (spec.MANIFEST_NAME, ERRORS_NAME) or name.startswith(
+        (spec.SHARD_PREFIX, spec.TMP_PREFIX)
+    )
+
+
 def prepare_destination(dst: Path, overwrite: bool) -> None:
-    """Create ``dst``, refusing to touch a non-empty folder unless ``overwrite``."""
+    """Create ``dst``, refusing a non-empty folder unless ``overwrite``, and even then
+    deleting only what an earlier conversion wrote."""
     if dst.exists() and not dst.is_dir():
         raise FileExistsError(f"{dst}: exists and is not a folder")
-    if dst.is_dir() and any(dst.iterdir()):
+    existing = list(dst.iterdir()) if dst.is_dir() else []
+    if existing:
         if not overwrite:
             raise FileExistsError(f"{dst}: folder is not empty: pass --overwrite to replace it")
-        if not (dst / spec.MANIFEST_NAME).exists() and any(
-            not p.name.startswith((spec.SHARD_PREFIX, spec.TMP_PREFIX)) and p.name != ERRORS_NAME
-            for p in dst.iterdir()
-        ):
+        foreign = [p.name for p in existing if not _written_by_imgpack(p)]
+        if foreign:
             raise FileExistsError(
-                f"{dst}: holds files imgpack did not write; refusing to delete them"
+                f"{dst}: holds files imgpack did not write ({', '.join(sorted(foreign)[:3])}); "
+                "refusing to delete them: choose an empty or new DST"
             )
-        shutil.rmtree(dst)
+        for path in existing:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
     dst.mkdir(parents=True, exist_ok=True)
 
 
@@ -234,11 +246,11 @@ def convert_folder(
             if on_sample is not None:
                 on_sample(result.written)
     shards = output.close()
+    if result.errors:
+        _write_errors(dst / ERRORS_NAME, result.errors)
     if not shards:
         raise ValueError(f"{src}: no image could be converted (see {dst / ERRORS_NAME})")
     result.seconds = time.perf_counter() - start
-    if result.errors:
-        _write_errors(dst / ERRORS_NAME, result.errors)
     # Raw pixels: the stored layout (fixed only with --center-crop). Encoded: what decodes.
     shape = (
         layout.shape

@@ -154,12 +154,11 @@ class ImageDataset(Dataset):
     # --- internals ----------------------------------------------------------------------
     def _locate(self, index: int) -> tuple[int, int]:
         n = len(self)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
+        position = index + n if index < 0 else index
+        if not 0 <= position < n:
             raise IndexError(f"{self.root}: index {index} out of range for {n} samples")
-        shard = bisect_right(self._ends, index)
-        return shard, index - (self._ends[shard - 1] if shard else 0)
+        shard = bisect_right(self._ends, position)
+        return shard, position - (self._ends[shard - 1] if shard else 0)
 
     def _shard(self, index: int) -> ShardReader:
         pid = os.getpid()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,8 @@ import numpy as np
 import torch
 import webdataset
 from torch.utils.data import IterableDataset
+from webdataset.tariterators import group_by_keys, tar_file_expander
+from webdataset.utils import pytorch_worker_info
 
 from readers import spec
 from readers.base import ImageDataset, Transform
@@ -129,10 +132,10 @@ def sample_to_item(sample: dict[str, Any], transform: Transform | None) -> tuple
 class WdsStream(IterableDataset):
     """Streaming reader over imgpack tars, built on the ``webdataset`` library.
 
-    Shards are split across ranks (``torch.distributed``) and DataLoader workers, shuffled
-    per epoch with ``seed + epoch``, and samples go through a shuffle buffer of
-    ``shuffle_buffer`` samples (0 to read in stored order). Use ``num_workers`` no larger
-    than the number of shards, or some workers get nothing to read.
+    Each epoch the shard list is shuffled with ``seed + epoch`` (the same order on every
+    rank), split across ranks (``torch.distributed``) and DataLoader workers, and samples go
+    through a shuffle buffer of ``shuffle_buffer`` samples (0: stored order, no shuffling).
+    Use ``num_workers`` no larger than the number of shards, or some workers get nothing.
 
     Args:
         root: the dataset folder (the one holding ``imgpack.json``).
@@ -167,16 +170,27 @@ class WdsStream(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         urls = [str(self.manifest.shard_path(i)) for i in range(len(self.manifest.shards))]
-        shuffle = self.shuffle_buffer > 0
-        pipeline = webdataset.WebDataset(
-            urls,
-            shardshuffle=len(urls) if shuffle else False,
-            detshuffle=True,
-            seed=self.seed + self.epoch,
-            nodesplitter=webdataset.split_by_node,
-            empty_check=False,
+        rank, _, worker, _ = pytorch_worker_info()
+        stages: list[Any] = []
+        if self.shuffle_buffer > 0:
+            # The same shard order on every rank and worker, then each takes its share.
+            random.Random(self.seed + self.epoch).shuffle(urls)
+            rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{worker}")
+            stages = [webdataset.shuffle(self.shuffle_buffer, rng=rng)]
+        pipeline = webdataset.DataPipeline(
+            webdataset.SimpleShardList(urls),
+            webdataset.split_by_node,
+            webdataset.split_by_worker,
+            _tar_samples,
+            *stages,
         )
-        if shuffle:
-            pipeline = pipeline.shuffle(self.shuffle_buffer, seed=self.seed + self.epoch)
         for sample in pipeline:
             yield sample_to_item(sample, self.transform)
+
+
+def _tar_samples(shards: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """webdataset's tar expansion and grouping, on files this stage opens and closes."""
+    for shard in shards:
+        url = shard["url"]
+        with open(url, "rb") as stream:
+            yield from group_by_keys(tar_file_expander([{"url": url, "stream": stream}]))

@@ -100,7 +100,7 @@ def test_missing_source_folder_raises_file_not_found_naming_it(tmp_path):
 def test_source_that_is_a_file_raises_file_not_found(tmp_path):
     path = tmp_path / "file.jpg"
     path.write_bytes(b"x")
-    with pytest.raises(FileNotFoundError, match="file.jpg"):
+    with pytest.raises(FileNotFoundError, match=r"file\.jpg"):
         scan_folder(path)
 
 
