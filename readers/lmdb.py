@@ -10,6 +10,8 @@ is the stored bytes (encoded image, or raw HWC pixels); metadata keys ``__labels
 from __future__ import annotations
 
 import json
+import os
+import weakref
 
 import lmdb
 import numpy as np
@@ -22,17 +24,37 @@ from readers.spec import DatasetError
 __all__ = ["LmdbDataset"]
 
 
-class LmdbShard:
-    """An open, read-only LMDB environment of imgpack samples."""
+# LMDB allows one open environment per file and process: datasets on the same file share
+# it, and it closes when the last of them is gone.
+_open_envs: weakref.WeakValueDictionary[str, lmdb.Environment] = weakref.WeakValueDictionary()
+_open_envs_pid = 0
 
-    def __init__(self, path: str, shape: tuple[int, int, int] | None, raw: bool) -> None:
-        self._path = path
+
+def _environment(path: str) -> lmdb.Environment:
+    """This process's read-only environment for ``path``, shared by every dataset on it."""
+    global _open_envs_pid
+    if _open_envs_pid != os.getpid():
+        _open_envs.clear()
+        _open_envs_pid = os.getpid()
+    key = os.path.realpath(path)
+    env = _open_envs.get(key)
+    if env is None:
         try:
-            self._env = lmdb.open(
-                path, subdir=False, readonly=True, lock=False, readahead=False, meminit=False
+            env = lmdb.open(
+                key, subdir=False, readonly=True, lock=False, readahead=False, meminit=False
             )
         except lmdb.Error as e:
             raise DatasetError(f"{path}: not a valid imgpack LMDB file: {e}") from e
+        _open_envs[key] = env
+    return env
+
+
+class LmdbShard:
+    """A read-only LMDB environment of imgpack samples."""
+
+    def __init__(self, path: str, shape: tuple[int, int, int] | None, raw: bool) -> None:
+        self._path = path
+        self._env = _environment(path)
         self.labels = np.frombuffer(self._get(spec.LMDB_LABELS), dtype="<i8")
         self._raw = raw
         self._shape = shape

@@ -51,11 +51,12 @@ class PtShard:
             raise DatasetError(f"{self._path}: missing tensor {key!r}") from None
 
     def read(self, i: int) -> memoryview | np.ndarray:
+        # Copies: the caller may change an image in place; the shard's pages must not change.
         if self._images is not None:
-            return self._images[i].numpy()
+            return self._images[i].numpy().copy()
         chunk = self._data[self._offsets[i] : self._offsets[i + 1]]
         if self._shapes is not None:
-            return chunk.reshape(self._shapes[i])
+            return chunk.reshape(self._shapes[i]).copy()
         return memoryview(chunk)
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
