@@ -64,6 +64,25 @@ def collate(batch: Any) -> Any:
     return default_collate(list(batch))
 
 
+def _new_batch(
+    shape: tuple[int, ...], dtype: torch.dtype, like: torch.Tensor | None = None
+) -> torch.Tensor:
+    """An empty batch tensor, channels-last when 4-D image-like (as HWC storage decodes),
+    and in shared memory inside a DataLoader worker so that handing it to the main
+    process costs no copy (what ``default_collate`` does too)."""
+    channels_last = len(shape) == 4 and (like is None or (like.dim() == 3 and like.stride(0) == 1))
+    order = (0, 2, 3, 1) if channels_last else tuple(range(len(shape)))
+    storage_shape = [shape[i] for i in order]
+    if get_worker_info() is not None:
+        numel = int(np.prod(storage_shape))
+        storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
+        flat = torch.empty(0, dtype=dtype).set_(storage, 0, (numel,))
+        batch = flat.view(storage_shape)
+    else:
+        batch = torch.empty(storage_shape, dtype=dtype)
+    return batch.permute(0, 3, 1, 2) if channels_last else batch
+
+
 def _default_decode_threads() -> int:
     if get_worker_info() is not None:
         return 1  # DataLoader workers already use the cores
@@ -121,26 +140,22 @@ class ImageDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         shard, local = self._locate(index)
-        reader = self._shard(shard)
-        image = self._to_tensor(reader.read(local), shard, local)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(reader.labels[local])
+        return self._load(shard, local), int(self._shard(shard).labels[local])
 
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
-        """Fetch a whole batch: one gather for raw pixels, threaded decode otherwise."""
+        """Fetch a whole batch into one tensor: a gather for raw pixels of one shape, a
+        threaded decode otherwise. Images of differing shapes come back as a list."""
         located = [self._locate(i) for i in indices]
         labels = torch.tensor([int(self._shard(s).labels[k]) for s, k in located])
+        if not located:
+            return SampleBatch([], labels)
         shape = self.manifest.shape
         if self.manifest.encoding == "raw" and shape is not None and self.transform is None:
-            images = torch.empty((len(indices), *shape), dtype=torch.uint8)
-            self._gather_pixels(located, images)
-            return SampleBatch(images.permute(0, 3, 1, 2), labels)
-        items = self._map(lambda sk: self._load(*sk), located)
-        tensors = items and all(isinstance(t, torch.Tensor) for t in items)
-        if tensors and len({t.shape for t in items}) == 1:
-            return SampleBatch(torch.stack(items), labels)
-        return SampleBatch(items, labels)
+            height, width, channels = shape
+            images = _new_batch((len(located), channels, height, width), torch.uint8)
+            self._gather_pixels(located, images.permute(0, 2, 3, 1))
+            return SampleBatch(images, labels)
+        return SampleBatch(self._load_batch(located), labels)
 
     def source_path(self, index: int) -> str:
         """The sample's file path relative to the folder it was converted from."""
@@ -172,6 +187,26 @@ class ImageDataset(Dataset):
             reader = self._shards[index] = self.open_shard(index)
         return reader
 
+    def _load_batch(self, located: list[tuple[int, int]]) -> torch.Tensor | list[Any]:
+        """Decode and transform in threads, each copying its image into the batch."""
+        first = self._load(*located[0])
+        if not isinstance(first, torch.Tensor) or len(located) == 1:
+            return [first, *self._map(lambda sk: self._load(*sk), located[1:])]
+        batch = _new_batch((len(located), *first.shape), first.dtype, like=first)
+        batch[0].copy_(first)
+
+        def fill(i: int) -> Any:
+            image = self._load(*located[i])
+            if not isinstance(image, torch.Tensor) or image.shape != first.shape:
+                return image
+            batch[i].copy_(image)
+            return None
+
+        misfits = self._map(fill, range(1, len(located)))
+        if all(m is None for m in misfits):
+            return batch
+        return [first, *(batch[i + 1] if m is None else m for i, m in enumerate(misfits))]
+
     def _load(self, shard: int, local: int) -> Any:
         image = self._to_tensor(self._shard(shard).read(local), shard, local)
         return self.transform(image) if self.transform is not None else image
@@ -185,19 +220,17 @@ class ImageDataset(Dataset):
         return torch.from_numpy(pixels).permute(2, 0, 1)
 
     def _gather_pixels(self, located: list[tuple[int, int]], out: torch.Tensor) -> None:
-        by_shard: dict[int, list[int]] = {}
-        for pos, (shard, _) in enumerate(located):
-            by_shard.setdefault(shard, []).append(pos)
-        for shard, positions in by_shard.items():
-            local = np.fromiter((located[p][1] for p in positions), np.int64, len(positions))
-            if len(positions) == len(located):
-                self._shard(shard).read_pixels(local, out)
-            else:
-                part = torch.empty((len(positions), *out.shape[1:]), dtype=torch.uint8)
-                self._shard(shard).read_pixels(local, part)
-                out[torch.tensor(positions)] = part
+        """Copy raw samples straight into their rows of ``out``: one call when the batch
+        lies in one shard, else one per row (still one copy per sample, no re-shuffle)."""
+        shards = {shard for shard, _ in located}
+        if len(shards) == 1:
+            local = np.fromiter((k for _, k in located), np.int64, len(located))
+            self._shard(shards.pop()).read_pixels(local, out)
+            return
+        for row, (shard, k) in enumerate(located):
+            self._shard(shard).read_pixels(np.array([k]), out[row : row + 1])
 
-    def _map(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         threads = self.decode_threads or _default_decode_threads()
         if threads <= 1 or len(items) < 2:
             return [fn(x) for x in items]

@@ -34,6 +34,17 @@ class Hdf5Shard:
         except (OSError, KeyError) as e:
             raise DatasetError(f"{path}: not a valid imgpack HDF5 file: {e}") from e
         self._vlen = self._images.ndim == 1
+        self._file_bytes: np.memmap | None = None
+        images = self._images
+        if (
+            not self._vlen
+            and images.chunks == (1, *images.shape[1:])
+            and (images.id.get_create_plist().get_nfilters() == 0)
+        ):
+            # Uncompressed, one chunk per sample: a sample is a plain byte range of the file.
+            self._file_bytes = np.memmap(path, dtype=np.uint8, mode="r")
+            self._chunk_offsets = np.full(len(images), -1, dtype=np.int64)
+            self._sample_bytes = int(np.prod(images.shape[1:]))
 
     def read(self, i: int) -> np.ndarray | bytes:
         value = self._images[i]
@@ -44,10 +55,25 @@ class Hdf5Shard:
         return value.tobytes()
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
-        # One chunk per sample: a direct read per row beats h5py's point selection by ~100x.
         target = out.numpy()
+        if self._file_bytes is None:  # compressed: let HDF5 decompress, one chunk per row
+            for row, i in enumerate(idx.tolist()):
+                self._images.read_direct(target, np.s_[i], np.s_[row])
+            return
+        rows = target.reshape(len(idx), -1)
         for row, i in enumerate(idx.tolist()):
-            self._images.read_direct(target, np.s_[i], np.s_[row])
+            start = self._chunk_offset(i)
+            rows[row] = self._file_bytes[start : start + self._sample_bytes]
+
+    def _chunk_offset(self, i: int) -> int:
+        """Byte offset of sample ``i``'s chunk in the file (looked up once, then cached)."""
+        offset = int(self._chunk_offsets[i])
+        if offset < 0:
+            info = self._images.id.get_chunk_info_by_coord((i, 0, 0, 0))
+            if info.byte_offset is None:
+                raise DatasetError(f"{self._file.filename}: sample {i} was never written")
+            offset = self._chunk_offsets[i] = info.byte_offset
+        return offset
 
     def path(self, i: int) -> str:
         return self._paths.asstr()[i]

@@ -490,3 +490,17 @@ def test_changing_a_returned_image_in_place_leaves_the_dataset_intact(
     batch = ds.__getitems__([4, 5])
     batch[0][0].zero_()
     assert_same_image(ds[4][0], expected[4][0])
+
+
+@pytest.mark.parametrize("compression", ["gzip", "lzf"])
+def test_compressed_hdf5_reads_like_uncompressed(converted, compression: str) -> None:
+    plain = readers.open_dataset(converted("hdf5", "raw-fixed"))
+    packed = readers.open_dataset(converted("hdf5", "raw-fixed", compression=compression))
+    indices = [5, 0, 31, 5, 17]
+    expected = plain.__getitems__(indices)
+    for batch in (packed.__getitems__(indices), [packed[i] for i in indices]):
+        for (image, label), (want, want_label) in zip(batch, expected, strict=True):
+            assert label == want_label
+            assert_same_image(image, want)
+    with h5py.File(packed.manifest.shard_path(0)) as f:
+        assert f[spec.H5_IMAGES].compression == compression
