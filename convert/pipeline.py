@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from convert.process import Prepared, Transform, prepare
@@ -113,7 +114,9 @@ class ConvertResult:
 _worker_state: dict[str, Any] = {}
 
 
-def _init_worker(src: str, transform: Transform) -> None:
+def _init_worker(src: str, transform: Transform, pooled: bool = True) -> None:
+    if pooled:
+        torch.set_num_threads(1)  # parallelism comes from the processes
     _worker_state.update(src=src, transform=transform)
 
 
@@ -136,7 +139,7 @@ def _prepared_stream(
     """Prepared samples in input order, from a process pool (or in-process for 1 worker)."""
     relpaths = [s.relpath for s in samples]
     if workers <= 1:
-        _init_worker(str(src), transform)
+        _init_worker(str(src), transform, pooled=False)
         yield from map(_prepare_one, relpaths)
         return
     chunksize = max(1, min(16, len(relpaths) // (workers * 8)))
