@@ -1,0 +1,64 @@
+"""Each format's files are what a user of that library would recognise and could open."""
+
+from __future__ import annotations
+
+import h5py
+import lmdb
+import numpy as np
+import torch
+
+import readers
+from convert import ConvertOptions, convert_folder
+from convert.writers import lmdb as lmdb_writer
+from readers import spec
+from tests.conftest import SAMPLE_DATA
+
+
+def test_pt_shard_holds_only_tensors_and_loads_without_pickle(converted) -> None:
+    root = converted("pt", "raw-fixed")
+    tensors = torch.load(root / spec.shard_name("pt", 0), weights_only=True, mmap=True)
+    assert all(isinstance(v, torch.Tensor) for v in tensors.values())
+    assert tensors[spec.PT_IMAGES].shape == (32, 64, 64, 3)
+    assert tensors[spec.PT_IMAGES].dtype == torch.uint8
+    assert tensors[spec.PT_LABELS].dtype == torch.int64
+
+
+def test_hdf5_stores_one_sample_per_chunk_and_class_names(converted) -> None:
+    root = converted("hdf5", "raw-fixed")
+    with h5py.File(root / spec.shard_name("hdf5", 0)) as f:
+        images = f[spec.H5_IMAGES]
+        assert images.shape == (32, 64, 64, 3) and images.chunks == (1, 64, 64, 3)
+        assert list(f.attrs[spec.H5_ATTR_CLASSES]) == readers.open_dataset(root).classes
+        assert f.attrs[spec.H5_ATTR_ENCODING] == "raw"
+    with h5py.File(converted("hdf5", "jpeg") / spec.shard_name("hdf5", 0)) as f:
+        assert f[spec.H5_IMAGES].dtype == h5py.vlen_dtype(np.uint8)
+        assert bytes(f[spec.H5_IMAGES][0][:3]) == b"\xff\xd8\xff"
+
+
+def test_lmdb_keys_sort_in_index_order_then_metadata(converted) -> None:
+    path = converted("lmdb", "jpeg") / spec.shard_name("lmdb", 0)
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            keys = [bytes(k) for k in txn.cursor().iternext(values=False)]
+    finally:
+        env.close()
+    samples = [spec.SAMPLE_KEY.format(i).encode() for i in range(32)]
+    assert keys[:32] == samples
+    assert set(keys[32:]) == {spec.LMDB_LABELS, spec.LMDB_PATHS}
+
+
+def test_lmdb_map_grows_past_its_initial_size(tmp_path, monkeypatch) -> None:
+    # Raw pixels of sample_data are ~13 MB: start the map at 1 MB to force growth and the
+    # MapFullError retry, which no user should ever see.
+    monkeypatch.setattr(lmdb_writer, "_INITIAL_MAP", 1 << 20)
+    monkeypatch.setattr(lmdb_writer, "_PAGE_OVERHEAD", 1)
+    monkeypatch.setattr(lmdb_writer, "_TXN_BYTES", 4 << 20)
+    options = ConvertOptions(format="lmdb", encoding="raw")
+    result = convert_folder(SAMPLE_DATA, tmp_path / "db", options, workers=1, progress=False)
+    assert result.written == 32 and result.bytes > 10 << 20
+    ds = readers.open_dataset(tmp_path / "db")
+    assert len(ds) == 32
+    source = readers.decode_image((SAMPLE_DATA / ds.source_path(31)).read_bytes())
+    assert torch.equal(ds[31][0], torch.from_numpy(source).permute(2, 0, 1))
+    assert ds.targets() == sorted(ds.targets())
