@@ -215,8 +215,11 @@ class ImageDataset(Dataset):
         if isinstance(value, np.ndarray):
             pixels = value
         else:
-            name = f"{self.manifest.shard_path(shard)}[{local}]"
-            pixels = decode_image(value, name)
+            try:
+                pixels = decode_image(value)
+            except ValueError as e:  # name the sample only when it fails: this path is hot
+                where = f"{self.manifest.shard_path(shard)}[{local}]"
+                raise DatasetError(f"{where}: {e}") from e
         return torch.from_numpy(pixels).permute(2, 0, 1)
 
     def _gather_pixels(self, located: list[tuple[int, int]], out: torch.Tensor) -> None:

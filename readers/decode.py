@@ -50,7 +50,7 @@ def decoder_name() -> str:
     return "turbojpeg" if _turbojpeg() is not None else "pillow"
 
 
-def decode_image(data: bytes | memoryview, name: str = "<bytes>") -> np.ndarray:
+def decode_image(data: bytes | memoryview, name: str = "") -> np.ndarray:
     """Decode encoded image bytes to a uint8 ``[H, W, 3]`` RGB array.
 
     Complete JPEGs go to PyTurboJPEG; everything else, and any JPEG it cannot turn into RGB
@@ -58,7 +58,7 @@ def decode_image(data: bytes | memoryview, name: str = "<bytes>") -> np.ndarray:
     not a partly grey image).
 
     Raises:
-        ValueError: naming ``name`` when the bytes are not a decodable image.
+        ValueError: starting with ``name`` when the bytes are not a decodable image.
     """
     tj = _turbojpeg()
     if tj is not None and is_jpeg(data) and bytes(data[-2:]) == JPEG_EOI:
@@ -69,16 +69,20 @@ def decode_image(data: bytes | memoryview, name: str = "<bytes>") -> np.ndarray:
     return pil_to_rgb_array(_open_pil(data, name), name)
 
 
+def _prefix(name: str) -> str:
+    return f"{name}: " if name else ""
+
+
 def _open_pil(data: bytes | memoryview, name: str) -> Image.Image:
     try:
         img = Image.open(io.BytesIO(data))
         img.load()
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise ValueError(f"{name}: cannot decode image: {e}") from e
+        raise ValueError(f"{_prefix(name)}cannot decode image: {e}") from e
     return img
 
 
-def pil_to_rgb_array(img: Image.Image, name: str = "<image>") -> np.ndarray:
+def pil_to_rgb_array(img: Image.Image, name: str = "") -> np.ndarray:
     """Convert a loaded Pillow image of any mode to a uint8 ``[H, W, 3]`` RGB array."""
     if img.mode in ("I;16", "I;16B", "I;16L", "I"):
         # Pillow's convert("RGB") clips 16-bit values instead of scaling: scale to 8 bits.
@@ -87,7 +91,7 @@ def pil_to_rgb_array(img: Image.Image, name: str = "<image>") -> np.ndarray:
     try:
         return np.array(img.convert("RGB"))  # writable, as torch.from_numpy wants
     except (OSError, ValueError) as e:
-        raise ValueError(f"{name}: cannot convert {img.mode} image to RGB: {e}") from e
+        raise ValueError(f"{_prefix(name)}cannot convert {img.mode} image to RGB: {e}") from e
 
 
 def encode_jpeg(pixels: np.ndarray, quality: int) -> bytes:
