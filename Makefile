@@ -26,6 +26,12 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# Benchmarks (minutes; results and method in docs/BENCHMARKS.md).
+bench: setup
+	$(BIN)/python scripts/make_bench_folder.py --out bench-data/folder --images 3000
+	$(BIN)/python scripts/bench_convert.py --repeats 5 --json bench-data/results/convert.json
+	$(BIN)/python scripts/bench_read.py --repeats 5 --json bench-data/results/read.json
+
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
@@ -33,4 +39,4 @@ format: setup
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) out *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) out bench-data *.egg-info .pytest_cache .ruff_cache

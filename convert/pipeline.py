@@ -114,9 +114,8 @@ class ConvertResult:
 _worker_state: dict[str, Any] = {}
 
 
-def _init_worker(src: str, transform: Transform, pooled: bool = True) -> None:
-    if pooled:
-        torch.set_num_threads(1)  # parallelism comes from the processes
+def _init_worker(src: str, transform: Transform) -> None:
+    torch.set_num_threads(1)  # parallelism comes from the worker processes
     _worker_state.update(src=src, transform=transform)
 
 
@@ -138,9 +137,13 @@ def _prepared_stream(
 ) -> Iterator[Prepared | str]:
     """Prepared samples in input order, from a process pool (or in-process for 1 worker)."""
     relpaths = [s.relpath for s in samples]
-    if workers <= 1:
-        _init_worker(str(src), transform, pooled=False)
-        yield from map(_prepare_one, relpaths)
+    if workers <= 1:  # in this process, on one core as asked: torch's threads too
+        threads = torch.get_num_threads()
+        _init_worker(str(src), transform)
+        try:
+            yield from map(_prepare_one, relpaths)
+        finally:
+            torch.set_num_threads(threads)
         return
     chunksize = max(1, min(16, len(relpaths) // (workers * 8)))
     with multiprocessing.Pool(workers, _init_worker, (str(src), transform)) as pool:

@@ -83,6 +83,15 @@ def _new_batch(
     return batch.permute(0, 3, 1, 2) if channels_last else batch
 
 
+def _copy_image(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[...] = src`` on this thread only: torch's copy would start its own intra-op
+    threads under each decode thread, which oversubscribes the cores."""
+    try:
+        np.copyto(dst.numpy(), src.numpy())
+    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), or requires_grad
+        dst.copy_(src)
+
+
 def _default_decode_threads() -> int:
     if get_worker_info() is not None:
         return 1  # DataLoader workers already use the cores
@@ -193,13 +202,13 @@ class ImageDataset(Dataset):
         if not isinstance(first, torch.Tensor) or len(located) == 1:
             return [first, *self._map(lambda sk: self._load(*sk), located[1:])]
         batch = _new_batch((len(located), *first.shape), first.dtype, like=first)
-        batch[0].copy_(first)
+        _copy_image(batch[0], first)
 
         def fill(i: int) -> Any:
             image = self._load(*located[i])
             if not isinstance(image, torch.Tensor) or image.shape != first.shape:
                 return image
-            batch[i].copy_(image)
+            _copy_image(batch[i], image)
             return None
 
         misfits = self._map(fill, range(1, len(located)))

@@ -27,15 +27,21 @@ __all__ = ["LmdbDataset"]
 # LMDB allows one open environment per file and process: datasets on the same file share
 # it, and it closes when the last of them is gone.
 _open_envs: weakref.WeakValueDictionary[str, lmdb.Environment] = weakref.WeakValueDictionary()
-_open_envs_pid = 0
+
+
+def _close_inherited_environments() -> None:
+    """In a forked child, close the copies of the parent's environments (which LMDB forbids
+    using after a fork, and which would block reopening the same files)."""
+    for env in list(_open_envs.values()):
+        env.close()
+    _open_envs.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_environments)
 
 
 def _environment(path: str) -> lmdb.Environment:
     """This process's read-only environment for ``path``, shared by every dataset on it."""
-    global _open_envs_pid
-    if _open_envs_pid != os.getpid():
-        _open_envs.clear()
-        _open_envs_pid = os.getpid()
     key = os.path.realpath(path)
     env = _open_envs.get(key)
     if env is None:
@@ -44,7 +50,7 @@ def _environment(path: str) -> lmdb.Environment:
                 key, subdir=False, readonly=True, lock=False, readahead=False, meminit=False
             )
         except lmdb.Error as e:
-            raise DatasetError(f"{path}: not a valid imgpack LMDB file: {e}") from e
+            raise DatasetError(f"{path}: cannot open LMDB file: {e}") from e
         _open_envs[key] = env
     return env
 

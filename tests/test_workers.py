@@ -141,6 +141,21 @@ def test_dataloader_yields_every_sample_once_per_epoch(
         assert batch_checksums(loader) == expected
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fork_workers_read_while_another_dataset_in_the_parent_holds_the_files(
+    converted, fmt: str
+) -> None:
+    # A validation view, a probe or a copy of the dataset keeps the shards open in the
+    # parent; forked workers of a second dataset on the same files must still open them.
+    root = converted(fmt, "jpeg", shard_size=SHARD_SIZE)
+    expected = expected_checksums(root, "jpeg")
+    probe = readers.open_dataset(root, transform=crop32)
+    probe[0], probe[len(probe) - 1]
+    train = readers.open_dataset(root, transform=crop32)
+    assert batch_checksums(make_loader(train, 2, "fork")) == expected
+    assert dataset_checksums(probe) == expected
+
+
 # spawn workers take seconds to start on 2 cores: one case per format, and this one test
 # checks both what they yield and how often they open shards
 SPAWN_CASES = [

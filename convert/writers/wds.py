@@ -42,7 +42,8 @@ class WdsWriter:
         info.size = len(data)
         info.mode = 0o444
         info.mtime = 0
-        data_offset = self.tar.offset + len(info.tobuf(tarfile.USTAR_FORMAT))
+        # Member names are a 10-digit key and an extension: one USTAR header block each.
+        data_offset = self.tar.offset + tarfile.BLOCKSIZE
         self.tar.addfile(info, io.BytesIO(data))
         return data_offset
 

@@ -1,0 +1,385 @@
+"""Benchmark read speed of imgpack datasets through a PyTorch DataLoader.
+
+raw:  the folder converted with ``--encoding raw --resize 256 --center-crop 224`` to each
+      format (and to ``pt`` in ``MANY_SHARDS`` shards), read in shuffled batches of 64 with
+      0/1/2 workers, against the memcpy bound (bytes/s of a large NumPy copy / 150528 bytes
+      per sample).
+jpeg: the folder converted with ``--encoding jpeg --resize 256``, centre-cropped to 224 at read
+      time, read by imgpack's map-style datasets and ``WdsStream``, against the ``webdataset``
+      library's own pipeline (Pillow decoder) over the same tars and against the pure decode
+      rate of the same JPEG bytes on all cores.
+
+Each contender is warmed up first (persistent workers started, page cache and mmaps warm),
+then timed in interleaved rounds over passes of at least ``MIN_SECONDS``; medians are quoted.
+
+    python scripts/bench_read.py [--folder bench-data/folder] [--repeats 3] [--json F]
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import tarfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import webdataset
+from bench_common import (
+    Measurement,
+    image_files,
+    interleaved,
+    machine_info,
+    markdown_table,
+    median_rate,
+    parser,
+    print_machine,
+    rates_text,
+    runs_json,
+    source_folder,
+    target_row,
+    target_table,
+    targets_json,
+    warm_page_cache,
+    write_json,
+)
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+import readers
+from convert import ConvertOptions, convert_folder
+from readers import spec
+
+RESIZE, CROP, BATCH = 256, 224, 64
+SAMPLE_BYTES = CROP * CROP * 3
+WDS_SHARDS = 8  # jpeg tar shards, so that 1 and 2 streaming workers get equal shares
+MANY_SHARDS = 128  # as ImageNet has at the default 10,000 samples per shard
+MIN_SECONDS = 1.0  # a timed measurement covers whole epochs lasting at least this long
+DECODE_CORES = len(os.sched_getaffinity(0))  # pure decode runs on all usable cores
+TARGET_RAW_FRACTION = 0.5
+MEMCPY = "memcpy bound (np.copyto 512 MB)"
+TARGET_OVER_WEBDATASET = 2.5
+TARGET_OVER_DECODE = 0.8
+
+
+class CenterCrop:
+    """The centre ``size``x``size`` of a ``[3, H, W]`` tensor (a view; H, W >= size)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        h, w = image.shape[-2:]
+        top, left = round((h - self.size) / 2), round((w - self.size) / 2)
+        return image[..., top : top + self.size, left : left + self.size]
+
+
+def convert(src: Path, dst: Path, fmt: str, encoding: str, shards: int | None = None) -> Path:
+    """Convert ``src`` to ``dst`` (raw is also centre-cropped), in ``shards`` shards of equal
+    size or else the format's default shard size."""
+    n = len(image_files(src))
+    options = ConvertOptions(
+        format=fmt,
+        encoding=encoding,
+        resize=RESIZE,
+        center_crop=CROP if encoding == "raw" else None,
+        shard_size=math.ceil(n / shards) if shards else None,
+    )
+    result = convert_folder(src, dst, options, overwrite=True, progress=False)
+    print(f"  converted {dst.name}: {result.summary()}", flush=True)
+    return dst
+
+
+Factory = Callable[[], Callable[[], Measurement]]
+
+
+def loader_contender(
+    dataset: Dataset,
+    root: Path,
+    num_workers: int,
+    shuffle: bool,
+    decode_threads: int | None = None,
+) -> Callable[[], Measurement]:
+    """Warm a DataLoader up (an untimed epoch, then one timed to choose the number of passes)
+    and return its timed measurement, which first rereads the files under ``root`` (this
+    VM evicts page-cache pages left untouched for a minute). ``decode_threads``, if given,
+    is set on the dataset before each epoch, so in-process loaders can share one dataset."""
+    loader = DataLoader(
+        dataset,
+        batch_size=BATCH,
+        shuffle=shuffle,
+        collate_fn=readers.collate,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )
+
+    def epochs(passes: int) -> Measurement:
+        warm_page_cache(sorted(root.iterdir()))
+        if decode_threads is not None:
+            dataset.decode_threads = decode_threads  # type: ignore[attr-defined]
+        seen, start = 0, time.perf_counter()
+        for _ in range(passes):
+            for _images, labels in loader:
+                seen += len(labels)
+        seconds = time.perf_counter() - start
+        return Measurement(seen / seconds, {"passes": passes, "seconds": seconds})
+
+    if decode_threads is not None:
+        dataset.decode_threads = decode_threads  # type: ignore[attr-defined]
+    images, _ = next(iter(loader))
+    if images.shape[1:] != (3, CROP, CROP) or images.dtype != torch.uint8:
+        raise RuntimeError(f"unexpected batch {images.dtype}{tuple(images.shape)}")
+    epochs(1)
+    passes = math.ceil(MIN_SECONDS / epochs(1).extra["seconds"])
+    return lambda: epochs(passes)
+
+
+def imgpack_factories(
+    name: str, root: Path, transform: CenterCrop | None, threads: tuple[int, ...]
+) -> dict[str, Factory]:
+    """Contenders reading ``root`` with imgpack's map-style dataset: 2 and 1 DataLoader
+    workers (decode_threads=1), then in-process with each of ``threads`` decode threads.
+
+    Loaders with workers come first: they fork before the main process opens the dataset's
+    files, because py-lmdb refuses to open a file that any other object in the process (an
+    inherited one included) holds open. The in-process contenders share one dataset for the
+    same reason."""
+    factories: dict[str, Factory] = {}
+    for w in (2, 1):
+        factories[f"{name} workers={w}"] = lambda w=w: loader_contender(
+            readers.open_dataset(root, transform=transform, decode_threads=1), root, w, shuffle=True
+        )
+    shared: list[Dataset] = []
+
+    def in_process(t: int) -> Callable[[], Measurement]:
+        if not shared:
+            shared.append(readers.open_dataset(root, transform=transform))
+        return loader_contender(shared[0], root, 0, shuffle=True, decode_threads=t)
+
+    for t in threads:
+        label = f" threads={t}" if len(threads) > 1 else ""
+        factories[f"{name} workers=0{label}"] = lambda t=t: in_process(t)
+    return factories
+
+
+def warm_up(factories: dict[str, Factory]) -> dict[str, Callable[[], Measurement]]:
+    """Build (and so warm up) every contender, in order, before any is timed."""
+    contenders = {}
+    for name, factory in factories.items():
+        print(f"  warming up {name}", flush=True)
+        contenders[name] = factory()
+    return contenders
+
+
+def memcpy_contender(nbytes: int = 512 << 20, tries: int = 5) -> Callable[[], Measurement]:
+    """The memcpy bound, in samples/s: the best bytes/s of ``tries`` ``np.copyto`` between
+    two pre-faulted ``nbytes`` arrays, divided by the bytes of one raw sample."""
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.zeros_like(src)
+
+    def measure() -> Measurement:
+        best = math.inf
+        for _ in range(tries):
+            start = time.perf_counter()
+            np.copyto(dst, src)
+            best = min(best, time.perf_counter() - start)
+        return Measurement(nbytes / best / SAMPLE_BYTES, {"GB_per_s": nbytes / best / 1e9})
+
+    return measure
+
+
+def run_raw(src: Path, work: Path, repeats: int) -> dict[str, list[Measurement]]:
+    """The raw-pixel section: every format at 0/1/2 workers, ``pt`` also split into
+    ``MANY_SHARDS`` shards, and the memcpy bound."""
+    factories: dict[str, Factory] = {MEMCPY: memcpy_contender}
+    for fmt in spec.FORMATS:
+        root = convert(src, work / f"{fmt}-raw", fmt, "raw")
+        factories.update(imgpack_factories(fmt, root, None, threads=(1,)))
+    root = convert(src, work / f"pt-raw-{MANY_SHARDS}", "pt", "raw", MANY_SHARDS)
+    factories.update(imgpack_factories(f"pt {MANY_SHARDS} shards", root, None, threads=(1,)))
+    return interleaved(warm_up(factories), repeats)
+
+
+def webdataset_pipeline(urls: list[str]) -> IterableDataset:
+    """The ``webdataset`` library's own pipeline over ``urls``: its Pillow decoder
+    (``torchrgb8``: uint8 ``[3, H, W]``), ``(jpg, cls)`` tuples, the same centre crop."""
+    return (
+        webdataset.WebDataset(urls, shardshuffle=False)
+        .decode("torchrgb8")
+        .to_tuple("jpg", "cls")
+        .map_tuple(CenterCrop(CROP), None)
+    )
+
+
+def stored_jpegs(root: Path) -> list[bytes]:
+    """Every image member's bytes of an imgpack ``wds`` dataset, in memory."""
+    manifest = readers.load_manifest(root)
+    data = []
+    for i in range(len(manifest.shards)):
+        with tarfile.open(manifest.shard_path(i)) as tar:
+            for member in tar:
+                if member.name.endswith(".jpg"):
+                    data.append(tar.extractfile(member).read())  # type: ignore[union-attr]
+    return data
+
+
+_jpegs: list[bytes] = []  # inherited by forked decode processes
+
+
+def _decode_range(bounds: tuple[int, int]) -> int:
+    for data in _jpegs[bounds[0] : bounds[1]]:
+        readers.decode_image(data)
+    return bounds[1] - bounds[0]
+
+
+def decode_contender(pool: Any, chunks: list[tuple[int, int]]) -> Callable[[], Measurement]:
+    """Time decoding all of ``_jpegs`` with ``pool.map`` (processes or threads)."""
+
+    def measure() -> Measurement:
+        start = time.perf_counter()
+        done = sum(pool.map(_decode_range, chunks))
+        return Measurement(done / (time.perf_counter() - start))
+
+    return measure
+
+
+def run_jpeg(src: Path, work: Path, repeats: int) -> dict[str, Any]:
+    """The JPEG section: imgpack readers vs webdataset's Pillow pipeline vs pure decode."""
+    roots = {
+        fmt: convert(src, work / f"{fmt}-jpeg", fmt, "jpeg", WDS_SHARDS if fmt == "wds" else None)
+        for fmt in spec.FORMATS
+    }
+    crop = CenterCrop(CROP)
+    factories: dict[str, Factory] = {}
+    for fmt in spec.FORMATS:
+        factories.update(imgpack_factories(f"imgpack {fmt}", roots[fmt], crop, threads=(1, 2)))
+    for w in (0, 2):
+        factories[f"imgpack WdsStream workers={w}"] = lambda w=w: loader_contender(
+            readers.WdsStream(roots["wds"], transform=crop), roots["wds"], w, shuffle=False
+        )
+    manifest = readers.load_manifest(roots["wds"])
+    urls = [str(manifest.shard_path(i)) for i in range(len(manifest.shards))]
+    for w in (0, 1, 2):
+        factories[f"webdataset Pillow workers={w}"] = lambda w=w: loader_contender(
+            webdataset_pipeline(urls), roots["wds"], w, shuffle=False
+        )
+
+    _jpegs[:] = stored_jpegs(roots["wds"])
+    chunks = [(i, min(i + BATCH, len(_jpegs))) for i in range(0, len(_jpegs), BATCH)]
+    with (
+        multiprocessing.get_context("fork").Pool(DECODE_CORES) as procs,
+        ThreadPoolExecutor(DECODE_CORES) as threads,
+        ThreadPoolExecutor(1) as single,
+    ):
+        factories[f"pure decode, {DECODE_CORES} processes"] = lambda: decode_contender(
+            procs, chunks
+        )
+        factories[f"pure decode, {DECODE_CORES} threads"] = lambda: decode_contender(
+            threads, chunks
+        )
+        factories["pure decode, 1 thread"] = lambda: decode_contender(single, chunks)
+        runs = interleaved(warm_up(factories), repeats)
+    sizes = [len(d) for d in _jpegs]
+    return {"stored_jpeg_mean_bytes": float(np.mean(sizes)), "runs": runs}
+
+
+def best(runs: dict[str, list[Measurement]], prefix: str | tuple[str, ...]) -> tuple[str, float]:
+    """The contender (name, median rate) with the highest median among names with prefix."""
+    name = max((k for k in runs if k.startswith(prefix)), key=lambda k: median_rate(runs[k]))
+    return name, median_rate(runs[name])
+
+
+def raw_report(runs: dict[str, list[Measurement]]) -> tuple[str, list[list[Any]]]:
+    """Markdown table of the raw section and its target row."""
+    bound = median_rate(runs[MEMCPY])
+    rows = []
+    for name in (*spec.FORMATS, f"pt {MANY_SHARDS} shards"):
+        rates = [median_rate(runs[f"{name} workers={w}"]) for w in (0, 1, 2)]
+        rows.append([name, *rates, max(rates), f"{100 * max(rates) / bound:.0f} %"])
+    table = markdown_table(
+        ["format", "workers=0", "workers=1", "workers=2", "best", "of memcpy bound"], rows
+    )
+    name, rate = best(runs, tuple(spec.FORMATS))
+    label = f"raw: best ({name}) / memcpy bound ({bound:,.0f}/s)"
+    return table, [target_row(label, rate / bound, TARGET_RAW_FRACTION)]
+
+
+def jpeg_report(jpeg: dict[str, Any]) -> tuple[str, list[list[Any]]]:
+    """Markdown table of the JPEG section and its target rows."""
+    runs = jpeg["runs"]
+    wds_name, wds_rate = best(runs, "webdataset")
+    dec_name, dec_rate = best(runs, "pure decode")
+    rows = [
+        [
+            name,
+            median_rate(r),
+            rates_text(r),
+            median_rate(r) / wds_rate,
+            f"{100 * median_rate(r) / dec_rate:.0f} %",
+        ]
+        for name, r in runs.items()
+    ]
+    table = markdown_table(
+        ["contender", "samples/s (median)", "repeats", "x webdataset best", "of pure decode best"],
+        rows,
+    )
+    name, rate = best(runs, "imgpack")
+    return table, [
+        target_row(
+            f"jpeg: imgpack best ({name}) / webdataset best ({wds_name})",
+            rate / wds_rate,
+            TARGET_OVER_WEBDATASET,
+        ),
+        target_row(
+            f"jpeg: imgpack best / pure decode best ({dec_name})",
+            rate / dec_rate,
+            TARGET_OVER_DECODE,
+        ),
+    ]
+
+
+def main() -> None:
+    args = parser(__doc__.splitlines()[0]).parse_args()
+    info = machine_info()
+    print_machine(info)
+    src = source_folder(args)
+    files = image_files(src)
+    size = warm_page_cache(files)
+    n = len(files)
+    print(f"source: {src}, {n} images, mean {size / n / 1000:.1f} KB")
+
+    print("raw section", flush=True)
+    raw = run_raw(src, args.work / "read", args.repeats)
+    print("jpeg section", flush=True)
+    jpeg = run_jpeg(src, args.work / "read", args.repeats)
+
+    raw_table, raw_targets = raw_report(raw)
+    jpeg_table, jpeg_targets = jpeg_report(jpeg)
+    targets = raw_targets + jpeg_targets
+    print(
+        f"\n{n} images, batch {BATCH}, {args.repeats} interleaved rounds, samples/s medians"
+        f"\n\nraw uint8 {CROP}x{CROP} (memcpy bound {median_rate(raw[MEMCPY]):,.0f}/s):"
+        f"\n\n{raw_table}\n\njpeg (stored mean {jpeg['stored_jpeg_mean_bytes'] / 1000:.1f} KB),"
+        f" centre crop {CROP} at read time:\n\n{jpeg_table}\n\n{target_table(targets)}"
+    )
+    jpeg["runs"] = runs_json(jpeg["runs"])
+    write_json(
+        args.json,
+        {
+            "machine": info,
+            "images": n,
+            "repeats": args.repeats,
+            "batch_size": BATCH,
+            "raw": {"runs": runs_json(raw)},
+            "jpeg": jpeg,
+            "targets": targets_json(targets),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
