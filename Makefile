@@ -15,7 +15,7 @@ $(STAMP): setup.cfg setup.py
 	$(BIN)/pip install -q --upgrade pip
 	@# The CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,data]'
 	touch $(STAMP)
 
 setup: $(STAMP)
