@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import readers
 from readers import spec
@@ -272,3 +273,28 @@ def test_format_reader_refuses_another_format_pointing_to_open_dataset(converted
 def test_wds_stream_refuses_a_pt_dataset(converted):
     with pytest.raises(readers.DatasetError, match="open_dataset"):
         readers.WdsStream(converted("pt", "jpeg"))
+
+
+class _WritesAFile:
+    """A pickle payload that would create a file when unpickled."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_pt_shard_carrying_a_pickle_payload_is_refused_without_running_it(
+    converted, tmp_path
+) -> None:
+    root = tmp_path / "hostile"
+    shutil.copytree(converted("pt", "jpeg"), root)
+    target = tmp_path / "payload-ran"
+    shard = root / spec.shard_name("pt", 0)
+    tensors = torch.load(shard, weights_only=True)
+    torch.save({**tensors, "extra": _WritesAFile(str(target))}, shard)
+    ds = readers.open_dataset(root)
+    with pytest.raises(readers.DatasetError, match=r"shard-000000\.pt"):
+        ds[0]
+    assert not target.exists()
