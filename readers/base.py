@@ -1,8 +1,9 @@
 """The map-style Dataset shared by every format, and the per-process handle cache.
 
-A format module supplies only ``open_shard(path, manifest) -> ShardReader``; this module
-maps global indices to shards, opens shards lazily in each process, decodes, and serves
-whole batches through ``__getitems__`` (which ``DataLoader`` calls with a batch's indices).
+A format module supplies a :class:`ShardReader` and an ``ImageDataset`` subclass whose
+``open_shard(index)`` opens one; this module maps global indices to shards, opens shards
+lazily in each process, decodes, and serves whole batches through ``__getitems__`` (which
+``DataLoader`` calls with a batch's indices).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def _new_batch(
     storage_shape = [shape[i] for i in order]
     if get_worker_info() is not None:
         numel = int(np.prod(storage_shape))
+        # the private allocator default_collate itself uses for worker batches
         storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
         flat = torch.empty(0, dtype=dtype).set_(storage, 0, (numel,))
         batch = flat.view(storage_shape)
