@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_sample_data import PHOTOS, load_photo, random_flip
+from make_sample_data import PHOTOS, crop_area, load_photo, random_flip
 
 MAX_UPSCALE = 1.2  # linear scale factors a crop may be resized by
 MAX_DOWNSCALE = 2.0
@@ -48,19 +48,12 @@ def detailed_crop(
 ) -> Image.Image:
     """Crop a random region with the aspect of ``size`` that is resized to ``size`` by a
     factor within [1 / MAX_DOWNSCALE, MAX_UPSCALE] where the photo allows, then resize it."""
-    aspect = size[0] / size[1]
     target = size[0] * size[1]
     photo_area = photo.width * photo.height
     low = min(photo_area, target / MAX_UPSCALE**2)
     high = min(photo_area, target * MAX_DOWNSCALE**2)
     area = float(np.exp(rng.uniform(np.log(low), np.log(high))))
-    crop_w = min(photo.width, round(np.sqrt(area * aspect)))
-    crop_h = min(photo.height, round(crop_w / aspect))
-    crop_w = min(crop_w, round(crop_h * aspect))
-    left = int(rng.integers(0, photo.width - crop_w + 1))
-    top = int(rng.integers(0, photo.height - crop_h + 1))
-    view = photo.crop((left, top, left + crop_w, top + crop_h))
-    return view.resize(size, Image.Resampling.LANCZOS)
+    return crop_area(photo, size, area, rng)
 
 
 def make_image(rng: np.random.Generator) -> Image.Image:

@@ -105,8 +105,16 @@ def random_crop(
     photo: Image.Image, size: tuple[int, int], min_area: float, rng: np.random.Generator
 ) -> Image.Image:
     """Crop a random region (``min_area``-100 % of the area, aspect of ``size``), resize it."""
-    aspect = size[0] / size[1]
     area = photo.width * photo.height * rng.uniform(min_area, 1.0)
+    return crop_area(photo, size, area, rng)
+
+
+def crop_area(
+    photo: Image.Image, size: tuple[int, int], area: float, rng: np.random.Generator
+) -> Image.Image:
+    """Crop a region of about ``area`` pixels with the aspect of ``size`` at a random place
+    (clipped to the photo), and resize it to ``size``."""
+    aspect = size[0] / size[1]
     crop_w = min(photo.width, round(np.sqrt(area * aspect)))
     crop_h = min(photo.height, round(crop_w / aspect))
     crop_w = min(crop_w, round(crop_h * aspect))
