@@ -234,7 +234,7 @@ def test_images_are_uint8_chw_of_the_manifest_shape(converted, fmt: str, case: s
 
 @pytest.mark.parametrize("case", ["raw-fixed", "raw-variable"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_raw_pixels_equal_pillow_reference(converted, fmt: str, case: str) -> None:
+def test_raw_pixels_equal_the_reference_resize_and_crop(converted, fmt: str, case: str) -> None:
     ds = readers.open_dataset(converted(fmt, case))
     _, samples = reference_scan()
     for i, (rel, _) in enumerate(samples):
