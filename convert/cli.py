@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+import signal
 import sys
 from pathlib import Path
 
 import click
 
-from convert.pipeline import ConvertOptions, convert_folder, default_workers
+from convert.pipeline import ON_ERROR, ConvertOptions, convert_folder, default_workers
+from convert.verify import verify_dataset
 from readers import __version__, spec
 from readers.spec import DatasetError, load_manifest
 
@@ -39,11 +41,16 @@ def main(ctx: click.Context, debug: bool) -> None:
     imgpack convert ~/imagenet/train /data/in1k-pt --format pt --encoding raw \\
         --resize 256 --center-crop 224
     imgpack info /data/in1k-pt
+    imgpack verify /data/in1k-pt --deep
     """
     ctx.obj = {"debug": debug}
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.WARNING, format="imgpack: %(message)s"
     )
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _fail(ctx: click.Context, error: Exception) -> None:
@@ -121,7 +128,34 @@ def _fail(ctx: click.Context, error: Exception) -> None:
     type=click.Choice(["gzip", "lzf"]),
     help="HDF5 only: compress each chunk (helps raw pixels; JPEG barely shrinks).",
 )
-@click.option("--overwrite", is_flag=True, help="Replace an existing imgpack dataset at DST.")
+@click.option(
+    "--max-pixels",
+    type=int,
+    metavar="N",
+    help="Skip images over N pixels (width x height) without decoding them, as "
+    "decompression bombs [default: Pillow's limit, 89478485].",
+)
+@click.option(
+    "--on-error",
+    type=click.Choice(ON_ERROR),
+    default="skip",
+    show_default=True,
+    help="skip: leave out files that cannot be read or decoded, listing each with its "
+    "reason in DST/errors.jsonl. fail: stop at the first one, naming it (completed "
+    "shards are kept for --resume).",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Finish an interrupted conversion into DST (Ctrl-C, kill, full disk, "
+    "--on-error fail): keep its completed shards that still verify and convert the "
+    "rest. Needs the same SRC and options.",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an imgpack dataset at DST (only files imgpack wrote are deleted).",
+)
 @click.option(
     "--progress/--no-progress",
     default=None,
@@ -143,14 +177,20 @@ def convert(
     shuffle: bool,
     seed: int,
     compression: str | None,
+    max_pixels: int | None,
+    on_error: str,
+    resume: bool,
     overwrite: bool,
     progress: bool | None,
 ) -> None:
     """Convert SRC, an image folder with one sub-folder per class, into DST.
 
     Labels follow torchvision's ImageFolder: classes are the sorted sub-folder names.
-    Files that cannot be decoded are skipped, counted, and listed in DST/errors.jsonl.
-    The manifest DST/imgpack.json is written last; readers start from it.
+    Files that cannot be decoded are skipped, counted, and listed in DST/errors.jsonl
+    (see --on-error). Shards are renamed into place when complete and the manifest
+    DST/imgpack.json is written last: readers start from it. An interrupted run
+    (Ctrl-C, SIGTERM, SIGKILL, full disk) continues with the same command plus --resume;
+    `imgpack verify DST` checks the result.
     """
     options = ConvertOptions(
         format=fmt,
@@ -163,13 +203,32 @@ def convert(
         shuffle=shuffle,
         seed=seed,
         compression=compression,
+        max_pixels=max_pixels,
     )
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop: as Ctrl-C
     try:
         result = convert_folder(
-            src, dst, options, workers=workers, overwrite=overwrite, progress=progress
+            src,
+            dst,
+            options,
+            workers=workers,
+            overwrite=overwrite,
+            resume=resume,
+            on_error=on_error,
+            progress=progress,
         )
     except (ValueError, OSError) as e:
         _fail(ctx, e)
+    except KeyboardInterrupt as e:
+        done = "; ".join(getattr(e, "__notes__", []))
+        click.echo(
+            f"imgpack: interrupted{': ' + done if done else ''}. To continue, rerun the same "
+            "command with --resume.",
+            err=True,
+        )
+        ctx.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     click.echo(result.summary())
     if result.skipped:
         click.echo(f"{result.skipped} file(s) skipped: see {dst / 'errors.jsonl'}", err=True)
@@ -211,6 +270,35 @@ def info(ctx: click.Context, dst: Path, as_json: bool) -> None:
     except DatasetError as e:
         _fail(ctx, e)
     click.echo(json.dumps(manifest.raw, indent=1) if as_json else describe(manifest))
+
+
+@main.command()
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="Also read back and decode every sample, check its shape and recompute the "
+    "content checksum (as slow as one epoch of reading).",
+)
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Progress bar for --deep [default: on when stderr is a terminal].",
+)
+def verify(dst: Path, deep: bool, progress: bool | None) -> None:
+    """Check that the dataset at DST is intact: the manifest, each shard's size and
+    SHA-256, sample counts and labels; with --deep, every sample too.
+
+    Prints one line per problem (file or file[index], and what is wrong) and exits
+    with status 1 if there is any, 0 if the dataset is exactly what its manifest says.
+    """
+    report = verify_dataset(dst, deep=deep, progress=progress)
+    for problem in report.problems:
+        click.echo(str(problem))
+    if not report.ok:
+        raise click.ClickException(f"{len(report.problems)} problem(s) found in {dst}")
+    what = "every sample decoded, content checksum matches" if deep else "sizes and checksums"
+    click.echo(f"OK: {report.samples} samples in {report.shards} shard(s) ({what})")
 
 
 if __name__ == "__main__":

@@ -2,38 +2,65 @@
 
 Worker processes read, decode, resize, crop and encode; the main process only writes, in
 sample order, so the output does not depend on ``workers``. Shards appear under their final
-names only when complete, and the manifest ``imgpack.json`` is written last, atomically.
+names only when complete, each is then recorded in a journal (``convert.journal``) that
+``resume`` starts from, and the manifest ``imgpack.json`` is written last, atomically.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import ctypes
+import errno
+import itertools
 import json
 import logging
 import multiprocessing
 import os
 import random
 import shutil
+import signal
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from tqdm import tqdm
 
+from convert.destination import (
+    ERRORS_NAME,
+    Journal,
+    ShardEntry,
+    claim_destination,
+    delete_written,
+    resumable_entries,
+    same_job,
+    source_fingerprint,
+    write_errors,
+    write_manifest,
+)
 from convert.process import Prepared, Transform, prepare
-from convert.scan import Sample, scan_folder
+from convert.scan import Sample, Scan, scan_folder
 from convert.writers import WRITERS, Layout, Record, ShardedOutput
-from readers import __version__, spec
-from readers.decode import decoder_name
+from readers import spec
 
-__all__ = ["ConvertOptions", "ConvertResult", "convert_folder", "default_workers"]
+__all__ = [
+    "ON_ERROR",
+    "BadInputError",
+    "ConvertOptions",
+    "ConvertResult",
+    "convert_folder",
+    "default_workers",
+]
 
 log = logging.getLogger(__name__)
 
-ERRORS_NAME = "errors.jsonl"
+ON_ERROR = ("skip", "fail")
+_PR_SET_PDEATHSIG = 1
 DEFAULT_SHARD_SIZE = {"pt": 10_000, "wds": 10_000, "hdf5": None, "lmdb": None}
 DEFAULT_SHARD_BYTES = {"pt": 1 << 30, "wds": 1 << 30, "hdf5": None, "lmdb": None}
 
@@ -57,6 +84,7 @@ class ConvertOptions:
     shuffle: bool = False
     seed: int = 0
     compression: str | None = None
+    max_pixels: int | None = None  # None: Pillow's decompression-bomb limit
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option and the fix."""
@@ -69,7 +97,7 @@ class ConvertOptions:
                 "--encoding original stores the source bytes unchanged: drop --resize and "
                 "--center-crop, or use --encoding jpeg or raw"
             )
-        for name in ("resize", "center_crop", "shard_size", "shard_bytes"):
+        for name in ("resize", "center_crop", "shard_size", "shard_bytes", "max_pixels"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be a positive number, not {value}")
@@ -91,6 +119,10 @@ class ConvertOptions:
         )
 
 
+class BadInputError(ValueError):
+    """A source file could not be converted and ``on_error="fail"`` stops the run."""
+
+
 @dataclass
 class ConvertResult:
     """The outcome of a conversion, as the summary line and the manifest report it."""
@@ -101,12 +133,17 @@ class ConvertResult:
     bytes: int = 0
     seconds: float = 0.0
     errors: list[dict[str, str]] = field(default_factory=list)
+    resumed: int = 0  # samples kept from an interrupted run
 
     def summary(self) -> str:
-        rate = self.written / self.seconds if self.seconds else 0.0
+        if self.resumed and self.resumed == self.written and not self.seconds:
+            return f"already complete: {self.written} samples in {self.dst}; nothing to do"
+        rate = (self.written - self.resumed) / self.seconds if self.seconds else 0.0
+        kept = f" (kept {self.resumed} from the interrupted run)" if self.resumed else ""
         return (
-            f"written {self.written}, skipped {self.skipped}, {self.bytes / 1e6:.1f} MB "
-            f"in {self.seconds:.1f} s ({rate:.0f} images/s) -> {self.dst}"
+            f"written {self.written}{kept}, skipped {self.skipped}, "
+            f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s ({rate:.0f} images/s) "
+            f"-> {self.dst}"
         )
 
 
@@ -114,9 +151,21 @@ class ConvertResult:
 _worker_state: dict[str, Any] = {}
 
 
-def _init_worker(src: str, transform: Transform) -> None:
+def _init_worker(src: str, transform: Transform, max_pixels: int | None) -> None:
     torch.set_num_threads(1)  # parallelism comes from the worker processes
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # how Pool.terminate() stops a worker
+    _die_with_parent()
+    if max_pixels is not None:
+        Image.MAX_IMAGE_PIXELS = max_pixels
     _worker_state.update(src=src, transform=transform)
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this worker when the main process dies (even by
+    SIGKILL), so that a killed conversion leaves no orphan workers behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _prepare_one(relpath: str) -> Prepared | str:
@@ -128,57 +177,66 @@ def _prepare_one(relpath: str) -> Prepared | str:
         if not data:
             raise ValueError(f"{relpath}: empty file")
         return prepare(data, relpath, _worker_state["transform"])
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        return f"{relpath}: cannot read: {e.strerror or e}"
+    except ValueError as e:
         return str(e)
 
 
 def _prepared_stream(
-    src: Path, samples: list[Sample], transform: Transform, workers: int
+    src: Path, relpaths: list[str], transform: Transform, workers: int, max_pixels: int | None
 ) -> Iterator[Prepared | str]:
     """Prepared samples in input order, from a process pool (or in-process for 1 worker)."""
-    relpaths = [s.relpath for s in samples]
     if workers <= 1:  # in this process, on one core as asked: torch's threads too
-        threads = torch.get_num_threads()
-        _init_worker(str(src), transform)
+        threads, limit = torch.get_num_threads(), Image.MAX_IMAGE_PIXELS
+        torch.set_num_threads(1)
+        if max_pixels is not None:
+            Image.MAX_IMAGE_PIXELS = max_pixels
+        _worker_state.update(src=str(src), transform=transform)
         try:
             yield from map(_prepare_one, relpaths)
         finally:
             torch.set_num_threads(threads)
+            Image.MAX_IMAGE_PIXELS = limit
         return
-    chunksize = max(1, min(16, len(relpaths) // (workers * 8)))
-    with multiprocessing.Pool(workers, _init_worker, (str(src), transform)) as pool:
-        yield from pool.imap(_prepare_one, relpaths, chunksize=chunksize)
+    chunk = max(1, min(16, len(relpaths) // (workers * 8)))
+    chunks = (relpaths[i : i + chunk] for i in range(0, len(relpaths), chunk))
+    pool = multiprocessing.Pool(workers, _init_worker, (str(src), transform, max_pixels))
+    try:
+        # A bounded window of chunks in flight, not Pool.imap: stopping early (an error,
+        # Ctrl-C) then only waits for those, and never needs Pool.terminate(), which can
+        # deadlock when it kills a worker in the middle of sending a result.
+        in_flight: deque[AsyncResult] = deque()
+        for part in itertools.islice(chunks, 4 * workers):
+            in_flight.append(pool.map_async(_prepare_one, part, chunksize=len(part)))
+        while in_flight:
+            results = in_flight.popleft().get()
+            for part in itertools.islice(chunks, 1):
+                in_flight.append(pool.map_async(_prepare_one, part, chunksize=len(part)))
+            yield from results
+    finally:
+        pool.close()
+        try:
+            pool.join()  # the chunks in flight finish: a fraction of a second
+        except KeyboardInterrupt:  # a second Ctrl-C: stop them now
+            pool.terminate()
+            raise
 
 
 # --- the job ------------------------------------------------------------------------------
-def _written_by_imgpack(path: Path) -> bool:
-    name = path.name
-    return name in (spec.MANIFEST_NAME, ERRORS_NAME) or name.startswith(
-        (spec.SHARD_PREFIX, spec.TMP_PREFIX)
-    )
+@dataclass
+class _Tally:
+    """What the samples since the last completed shard add up to."""
 
+    errors: list[dict[str, str]] = field(default_factory=list)
+    per_class: Counter[int] = field(default_factory=Counter)
+    shapes: set[tuple[int, ...]] = field(default_factory=set)
+    digests: bytearray = field(default_factory=bytearray)
 
-def prepare_destination(dst: Path, overwrite: bool) -> None:
-    """Create ``dst``, refusing a non-empty folder unless ``overwrite``, and even then
-    deleting only what an earlier conversion wrote."""
-    if dst.exists() and not dst.is_dir():
-        raise FileExistsError(f"{dst}: exists and is not a folder")
-    existing = list(dst.iterdir()) if dst.is_dir() else []
-    if existing:
-        if not overwrite:
-            raise FileExistsError(f"{dst}: folder is not empty: pass --overwrite to replace it")
-        foreign = [p.name for p in existing if not _written_by_imgpack(p)]
-        if foreign:
-            raise FileExistsError(
-                f"{dst}: holds files imgpack did not write ({', '.join(sorted(foreign)[:3])}); "
-                "refusing to delete them: choose an empty or new DST"
-            )
-        for path in existing:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-    dst.mkdir(parents=True, exist_ok=True)
+    def entry(self, shard: spec.ShardInfo, end: int) -> ShardEntry:
+        shapes = [list(s) for s in sorted(self.shapes)]
+        per_class = dict(self.per_class)
+        return ShardEntry(shard, end, self.errors, per_class, shapes, bytes(self.digests))
 
 
 def convert_folder(
@@ -187,136 +245,196 @@ def convert_folder(
     options: ConvertOptions,
     workers: int | None = None,
     overwrite: bool = False,
+    resume: bool = False,
+    on_error: str = "skip",
     progress: bool | None = None,
-    on_sample: Callable[[int], None] | None = None,
 ) -> ConvertResult:
     """Convert the ImageNet-layout folder ``src`` into an imgpack dataset at ``dst``.
 
     Args:
+        overwrite: replace what an earlier conversion wrote at ``dst``.
+        resume: finish an interrupted conversion into ``dst``: keep its completed shards
+            that verify and convert the rest (a complete one is left as it is).
+        on_error: ``"skip"`` bad files (listed in ``errors.jsonl``) or ``"fail"`` on the
+            first one, raising BadInputError.
         progress: show a tqdm bar (None: only when stderr is a terminal).
-        on_sample: called with the running count after each written sample.
 
     Raises:
         ValueError, FileNotFoundError, FileExistsError: with the bad input and the fix.
+        OSError: a write failed; on a full disk the message says how to resume.
     """
     options.validate()
+    if on_error not in ON_ERROR:
+        raise ValueError(f"unknown on_error {on_error!r}: choose from {ON_ERROR}")
+    if overwrite and resume:
+        raise ValueError("--overwrite and --resume exclude each other: choose one")
     src, dst = Path(src), Path(dst)
     workers = workers or default_workers()
-    classes, samples = scan_folder(src)
-    order = list(range(len(samples)))
+    scan = scan_folder(src)
+    samples = scan.samples
     if options.shuffle:
+        order = list(range(len(samples)))
         random.Random(options.seed).shuffle(order)
-    samples = [samples[i] for i in order]
-    prepare_destination(dst, overwrite)
+        samples = [samples[i] for i in order]
+    if on_error == "fail" and scan.problems:
+        raise _bad_input(scan.problems[0], dst, resumable=False)
+    header = {
+        "options": json.loads(json.dumps(asdict(options))),
+        "source_fingerprint": source_fingerprint(samples),
+        "classes": scan.classes,
+    }
 
-    result = ConvertResult(dst)
-    start = time.perf_counter()
+    lock = claim_destination(dst, overwrite, resume)
+    try:
+        if resume and (dst / spec.MANIFEST_NAME).is_file():
+            return _already_complete(dst, header)
+        kept = resumable_entries(dst, header) if resume else []
+        journal = Journal(dst)
+        delete_written(dst, keep={spec.LOCK_NAME, *_files_of(kept)})
+        journal.start(header, kept)
+        return _run(src, dst, options, scan, samples, kept, journal, workers, on_error, progress)
+    finally:
+        lock.release()
+
+
+def _files_of(entries: list[ShardEntry]) -> list[str]:
+    return [e.shard.path + s for e in entries for s in ["", *e.shard.sidecars]]
+
+
+def _bad_input(error: dict[str, str], dst: Path, resumable: bool) -> BadInputError:
+    how = "rerun with --resume" if resumable else "rerun"
+    return BadInputError(
+        f"{error['error']} [stopped by --on-error fail: fix or remove {error['path']} and "
+        f"{how}{'' if resumable else ', or use --on-error skip'}]"
+    )
+
+
+def _run(
+    src: Path,
+    dst: Path,
+    options: ConvertOptions,
+    scan: Scan,
+    samples: list[Sample],
+    kept: list[ShardEntry],
+    journal: Journal,
+    workers: int,
+    on_error: str,
+    progress: bool | None,
+) -> ConvertResult:
+    """Write the samples after the ``kept`` shards, journaling each completed shard."""
+    start_time = time.perf_counter()
+    entries = list(kept)
+    start = kept[-1].end if kept else 0
     layout = Layout(
-        options.encoding, options.transform.output_shape(), tuple(classes), options.compression
+        options.encoding, options.transform.output_shape(), tuple(scan.classes), options.compression
     )
     output = ShardedOutput(
-        dst, options.format, WRITERS[options.format], layout, *options.shard_limits()
+        dst,
+        options.format,
+        WRITERS[options.format],
+        layout,
+        *options.shard_limits(),
+        done=[e.shard for e in kept],
     )
-    content = hashlib.sha256()
-    per_class = [0] * len(classes)
-    shapes: set[tuple[int, ...]] = set()
+    written = sum(e.shard.samples for e in kept)
+    tally = _Tally()
     bar = tqdm(
         total=len(samples),
+        initial=start,
         unit="img",
         desc=f"{options.format}/{options.encoding}",
         disable=None if progress is None else not progress,
         smoothing=0.1,
     )
-    with bar:
-        stream = _prepared_stream(src, samples, options.transform, workers)
-        for sample, prepared in zip(samples, stream, strict=True):
-            bar.update()
-            if isinstance(prepared, str):
-                result.skipped += 1
-                result.errors.append({"path": sample.relpath, "error": prepared})
-                log.warning("skipped %s", prepared)
-                continue
-            record = Record(
-                spec.SAMPLE_KEY.format(result.written),
-                prepared.data,
-                prepared.ext,
-                sample.label,
-                sample.relpath,
-            )
-            output.add(record)
-            _update_content_hash(content, record)
-            shapes.add(prepared.shape)
-            per_class[sample.label] += 1
-            result.written += 1
-            result.bytes += record.nbytes
-            if on_sample is not None:
-                on_sample(result.written)
-    shards = output.close()
-    if result.errors:
-        _write_errors(dst / ERRORS_NAME, result.errors)
-    if not shards:
-        raise ValueError(f"{src}: no image could be converted (see {dst / ERRORS_NAME})")
-    result.seconds = time.perf_counter() - start
-    # Raw pixels: the stored layout (fixed only with --center-crop). Encoded: what decodes.
-    shape = (
-        layout.shape
-        if options.encoding == "raw"
-        else (next(iter(shapes)) if len(shapes) == 1 else None)
-    )
-    _write_manifest(
-        dst, options, classes, per_class, shards, shape, content.hexdigest(), result, workers
-    )
+    relpaths = [s.relpath for s in samples[start:]]
+    stream = _prepared_stream(src, relpaths, options.transform, workers, options.max_pixels)
+    try:
+        with bar, contextlib.closing(stream):
+            for position, sample, prepared in zip(
+                range(start, len(samples)), samples[start:], stream, strict=True
+            ):
+                bar.update()
+                if isinstance(prepared, str):
+                    error = {"path": sample.relpath, "error": prepared}
+                    if on_error == "fail":
+                        raise _bad_input(error, dst, resumable=True)
+                    tally.errors.append(error)
+                    log.warning("skipped %s", prepared)
+                    continue
+                record = Record(
+                    spec.SAMPLE_KEY.format(written),
+                    prepared.data,
+                    prepared.ext,
+                    sample.label,
+                    sample.relpath,
+                )
+                finished = output.add(record)
+                if finished is not None:
+                    entries.append(tally.entry(finished, position))
+                    journal.append(entries[-1])
+                    tally = _Tally()
+                tally.digests += spec.sample_digest(record.label, record.path, record.data)
+                tally.per_class[sample.label] += 1
+                tally.shapes.add(prepared.shape)
+                written += 1
+        finished = output.close()
+        if finished is not None:
+            entries.append(tally.entry(finished, len(samples)))
+            journal.append(entries[-1])
+            tally = _Tally()
+        errors = [*scan.problems, *(x for e in entries for x in e.errors), *tally.errors]
+        if errors:
+            write_errors(dst / ERRORS_NAME, errors)
+        if not entries:
+            raise ValueError(f"{src}: no image could be converted (see {dst / ERRORS_NAME})")
+        result = ConvertResult(
+            dst,
+            written=written,
+            skipped=len(errors),
+            bytes=sum(e.shard.bytes for e in entries),
+            seconds=time.perf_counter() - start_time,
+            errors=errors,
+            resumed=sum(e.shard.samples for e in kept),
+        )
+        write_manifest(dst, options, scan.classes, entries, result, workers, journal)
+    except BaseException as e:
+        full = _disk_full(dst, e)
+        output.abort()  # frees the space of the shard being written
+        if isinstance(e, KeyboardInterrupt):
+            samples_done = sum(x.shard.samples for x in entries)
+            e.add_note(f"{len(entries)} shard(s) with {samples_done} samples are complete")
+        if full:
+            raise OSError(
+                errno.ENOSPC,
+                f"{dst}: no space left on device ({e}); {len(entries)} completed shard(s) "
+                "are kept: free some space and rerun the same command with --resume",
+            ) from e
+        raise
+    journal.remove()
     return result
 
 
-def _update_content_hash(digest: Any, record: Record) -> None:
-    """Fold one sample into the dataset's content checksum (independent of file layout)."""
-    data = record.data.tobytes() if not isinstance(record.data, bytes) else record.data
-    header = f"{record.label}\0{record.path}\0{record.ext}\0{len(data)}\0"
-    digest.update(header.encode("utf-8", "surrogateescape"))
-    digest.update(data)
+def _disk_full(dst: Path, error: BaseException) -> bool:
+    """True if ``error`` comes from a full disk. LMDB reports one as an I/O error, so
+    beyond ENOSPC/EDQUOT, a write error with under 1 MiB free also counts."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if not isinstance(error, Exception) or isinstance(error, ValueError):
+        return False
+    try:
+        return shutil.disk_usage(dst).free < 1 << 20
+    except OSError:
+        return False
 
 
-def _write_errors(path: Path, errors: list[dict[str, str]]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for error in errors:
-            f.write(json.dumps(error, ensure_ascii=False) + "\n")
-
-
-def _write_manifest(
-    dst: Path,
-    options: ConvertOptions,
-    classes: list[str],
-    per_class: list[int],
-    shards: list[spec.ShardInfo],
-    shape: tuple[int, ...] | None,
-    content_sha256: str,
-    result: ConvertResult,
-    workers: int,
-) -> None:
-    manifest = {
-        "format": options.format,
-        "format_version": spec.FORMAT_VERSION,
-        "imgpack_version": __version__,
-        "encoding": options.encoding,
-        "shape": list(shape) if shape is not None else "variable",
-        "dtype": "uint8",
-        "classes": classes,
-        "samples_per_class": dict(zip(classes, per_class, strict=True)),
-        "num_samples": result.written,
-        "written": result.written,
-        "skipped": result.skipped,
-        "content_sha256": content_sha256,
-        "shards": [asdict(s) for s in shards],
-        "options": asdict(options),
-        "converted_with": {"workers": workers, "jpeg_decoder": decoder_name()},
-    }
-    if result.skipped:
-        manifest["errors_file"] = ERRORS_NAME
-    tmp = dst / (spec.TMP_PREFIX + spec.MANIFEST_NAME)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, dst / spec.MANIFEST_NAME)
+def _already_complete(dst: Path, header: dict[str, Any]) -> ConvertResult:
+    """The result of a ``--resume`` into a dataset that is complete: nothing to do."""
+    manifest = spec.load_manifest(dst)
+    same_job(dst / spec.MANIFEST_NAME, manifest.raw, header)
+    return ConvertResult(
+        dst,
+        written=manifest.num_samples,
+        skipped=int(manifest.raw.get("skipped", 0)),
+        bytes=sum(s.bytes for s in manifest.shards),
+        resumed=manifest.num_samples,
+    )

@@ -1,17 +1,22 @@
 """Find the samples of an ImageNet-layout folder with torchvision ``ImageFolder`` semantics.
 
 Classes are the sorted names of SRC's sub-folders (``class_to_idx`` maps each to its
-position); samples are the files with an image extension below each class folder, walked
-in sorted order, following symlinks. Other files (``.txt``, ``.DS_Store``) are ignored.
+position; an empty class folder is still a class); samples are the files with an image
+extension below each class folder, walked in sorted order, following symlinks. Other files
+(``.txt``, ``.DS_Store``) are ignored. Where ``ImageFolder`` would hang or crash, the scan
+reports a problem instead and goes on: a symlink back to a folder being walked (a loop), a
+broken symlink, an image name that is not a regular file (a FIFO would block the reader),
+a folder that cannot be listed.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["IMG_EXTENSIONS", "Sample", "find_classes", "scan_folder"]
+__all__ = ["IMG_EXTENSIONS", "Sample", "Scan", "find_classes", "scan_folder"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -24,6 +29,16 @@ class Sample:
     label: int
 
 
+@dataclass
+class Scan:
+    """What a scan found: the classes, the samples in order, and what it had to pass over
+    (``{"path": relpath, "error": reason}``, as ``errors.jsonl`` lists them)."""
+
+    classes: list[str]
+    samples: list[Sample]
+    problems: list[dict[str, str]] = field(default_factory=list)
+
+
 def find_classes(src: Path) -> list[str]:
     """Sorted sub-folder names of ``src``, as ``ImageFolder.find_classes`` returns them."""
     if not src.is_dir():
@@ -34,17 +49,75 @@ def find_classes(src: Path) -> list[str]:
     return classes
 
 
-def scan_folder(src: Path) -> tuple[list[str], list[Sample]]:
-    """Return ``(classes, samples)`` of ``src`` in ImageFolder order."""
+def scan_folder(src: Path) -> Scan:
+    """Return the classes and samples of ``src`` in ImageFolder order, and any problems."""
     classes = find_classes(src)
-    samples = []
+    scan = Scan(classes, [])
     for label, name in enumerate(classes):
-        class_dir = src / name
-        for dirpath, _, filenames in sorted(os.walk(class_dir, followlinks=True)):
+        listing: list[tuple[str, list[str]]] = []
+        _walk(src, os.path.join(src, name), [], listing, scan.problems)
+        for dirpath, filenames in sorted(listing):  # ImageFolder: sorted(os.walk(...))
             for fname in sorted(filenames):
-                if fname.lower().endswith(IMG_EXTENSIONS):
-                    rel = os.path.relpath(os.path.join(dirpath, fname), src)
-                    samples.append(Sample(rel, label))
-    if not samples:
-        raise FileNotFoundError(f"{src}: no images found (extensions: {', '.join(IMG_EXTENSIONS)})")
-    return classes, samples
+                path = os.path.join(dirpath, fname)
+                problem = _not_a_file(path)
+                if problem:
+                    scan.problems.append({"path": os.path.relpath(path, src), "error": problem})
+                else:
+                    scan.samples.append(Sample(os.path.relpath(path, src), label))
+    if not scan.samples:
+        raise FileNotFoundError(
+            f"{src}: no images found (extensions: {', '.join(IMG_EXTENSIONS)})"
+            + (f"; {len(scan.problems)} file(s) unusable" if scan.problems else "")
+        )
+    return scan
+
+
+def _walk(
+    src: Path,
+    folder: str,
+    ancestors: list[tuple[int, int]],
+    listing: list[tuple[str, list[str]]],
+    problems: list[dict[str, str]],
+) -> None:
+    """``os.walk(folder, followlinks=True)`` that does not follow a link back into a folder
+    it is inside (``ancestors``: their device and inode numbers)."""
+    try:
+        info = os.stat(folder)
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as e:
+        problems.append({"path": os.path.relpath(folder, src), "error": f"cannot list: {e}"})
+        return
+    ancestors = [*ancestors, (info.st_dev, info.st_ino)]
+    images = []
+    for entry in entries:
+        try:
+            is_dir = entry.is_dir()  # follows symlinks, as os.walk(followlinks=True)
+        except OSError:
+            is_dir = False
+        if is_dir:
+            sub = os.stat(entry.path)
+            if (sub.st_dev, sub.st_ino) in ancestors:
+                problems.append(
+                    {
+                        "path": os.path.relpath(entry.path, src),
+                        "error": "symlink loop: links to a folder it is inside; not followed",
+                    }
+                )
+            else:
+                _walk(src, entry.path, ancestors, listing, problems)
+        elif entry.name.lower().endswith(IMG_EXTENSIONS):
+            images.append(entry.name)
+    listing.append((folder, images))
+
+
+def _not_a_file(path: str) -> str | None:
+    """Why ``path`` cannot be read as an image file, or None if it is a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "broken symlink: its target does not exist"
+    except OSError as e:
+        return f"cannot stat: {e.strerror}"
+    if not stat.S_ISREG(mode):
+        return "not a regular file (FIFO, socket or device)"
+    return None

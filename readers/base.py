@@ -192,10 +192,28 @@ class ImageDataset(Dataset):
             self._shards, self._pool, self._pool_threads, self._pid = {}, None, 0, pid
         reader = self._shards.get(index)
         if reader is None:
-            path = self.manifest.shard_path(index)
-            if not path.exists():
-                raise DatasetError(f"{path}: shard {index} listed in the manifest is missing")
-            reader = self._shards[index] = self.open_shard(index)
+            # Checked before opening: a format library may mmap the file and die of SIGBUS on
+            # a page past a cut (LMDB does), or read the wrong bytes from a resized file.
+            path, expected = self.manifest.shard_path(index), self.manifest.shards[index]
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                raise DatasetError(
+                    f"{path}: shard {index} listed in the manifest is missing"
+                ) from None
+            if size != expected.bytes:
+                raise DatasetError(
+                    f"{path}: shard {index} is {size} bytes but the manifest says "
+                    f"{expected.bytes}: truncated or modified since the conversion "
+                    "(run imgpack verify)"
+                )
+            reader = self.open_shard(index)
+            if len(reader.labels) != expected.samples:
+                raise DatasetError(
+                    f"{path}: shard {index} holds {len(reader.labels)} samples but the "
+                    f"manifest says {expected.samples}"
+                )
+            self._shards[index] = reader
         return reader
 
     def _load_batch(self, located: list[tuple[int, int]]) -> torch.Tensor | list[Any]:

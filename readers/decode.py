@@ -1,9 +1,23 @@
 """Image decoding to uint8 HWC RGB arrays: PyTurboJPEG for JPEG when present, else Pillow.
 
 Every path that decodes (the readers, the converter's checks, the tests' references) goes
-through :func:`decode_image`, so a sample decodes to the same pixels everywhere. Colour
-rules follow torchvision's ``ImageFolder`` loader: everything becomes 3-channel RGB (``L``,
-``P``, ``RGBA``, ``CMYK``, 16-bit all via Pillow's ``convert("RGB")``).
+through :func:`decode_image`, so a sample decodes to the same pixels whichever decoder the
+process has. Colours follow torchvision's ``ImageFolder`` loader (``convert("RGB")``) except
+for 16-bit; unlike it, EXIF orientation is applied:
+
+==================  ======================================================================
+L, LA               gray replicated to the three channels
+P                   the palette colours; transparency (one index or per index) ignored
+RGBA, LA, PA        alpha dropped, not composited over a background
+I;16 (16-bit gray)  scaled to 8 bits by ``>> 8`` (``convert`` would clip at 255)
+1                   0 or 255
+CMYK, YCCK JPEG     RGB, by Pillow (Adobe-inverted files too)
+Orientation 2-8     upright, as ``ImageOps.exif_transpose`` (EXIF, else XMP)
+==================  ======================================================================
+
+An image over ``PIL.Image.MAX_IMAGE_PIXELS`` is refused from its header, before decoding.
+Pillow judges damaged files on every path (a JPEG libjpeg-turbo warns about goes to it); no
+Python warning escapes, but for Pillow's own about a damaged TIFF.
 """
 
 from __future__ import annotations
@@ -11,19 +25,35 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
+import struct
 from functools import cache
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFile
 
-__all__ = ["decode_image", "decoder_name", "encode_jpeg", "is_jpeg"]
+__all__ = ["ImageTooLargeError", "decode_image", "decoder_name", "encode_jpeg", "is_jpeg"]
 
 log = logging.getLogger(__name__)
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 JPEG_EOI = b"\xff\xd9"
 DECODER_ENV = "IMGPACK_DECODER"  # "pillow" forces Pillow even when PyTurboJPEG works
+EXIF_HEADER = b"Exif\0\0"
+XMP_HEADER = b"http://ns.adobe.com/xap/1.0/\0"
+ORIENTATION = 0x0112  # EXIF/TIFF tag
+TJFLAG_STOPONWARNING = 8192  # same value in PyTurboJPEG 1.x and 2.x
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # C4/C8/CC: DHT, JPG, DAC
+_NO_LENGTH = frozenset([0x01, *range(0xD0, 0xDA), 0xFF])  # TEM, RSTn, SOI, EOI, fill
+_XMP_ORIENTATION = re.compile(rb'tiff:Orientation(?:="|>)([0-9])')  # Pillow's pattern
+_EXIF_APP1 = re.compile(rb"(\xff\xe1..)Exif(?=\0\0)", re.DOTALL)  # an EXIF segment's start
+# What Pillow raises for data it cannot decode (DecompressionBombError is not among them).
+_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error)
+
+
+class ImageTooLargeError(ValueError):
+    """The image has more pixels than ``PIL.Image.MAX_IMAGE_PIXELS`` allows."""
 
 
 def is_jpeg(data: bytes | memoryview) -> bool:
@@ -39,7 +69,17 @@ def _turbojpeg() -> Any | None:
     try:
         from turbojpeg import TurboJPEG
 
-        return TurboJPEG()
+        if not hasattr(TurboJPEG, "_TurboJPEG__report_error"):
+            raise RuntimeError("this PyTurboJPEG has no _TurboJPEG__report_error to override")
+
+        class StrictTurboJPEG(TurboJPEG):
+            """OSError for libjpeg's warnings too: PyTurboJPEG 1.x/2.x makes them Python
+            warnings (not thread-safe to catch) and returns the partly decoded array."""
+
+            def _TurboJPEG__report_error(self, handle: Any) -> None:
+                raise OSError(self._TurboJPEG__get_error_string(handle))
+
+        return StrictTurboJPEG()
     except Exception as e:  # ImportError, OSError (no library), RuntimeError (version)
         log.warning("PyTurboJPEG unavailable (%s); decoding JPEG with Pillow", e)
         return None
@@ -51,35 +91,173 @@ def decoder_name() -> str:
 
 
 def decode_image(data: bytes | memoryview, name: str = "") -> np.ndarray:
-    """Decode encoded image bytes to a uint8 ``[H, W, 3]`` RGB array.
+    """Decode encoded image bytes to an upright uint8 ``[H, W, 3]`` RGB array.
 
-    Complete JPEGs go to PyTurboJPEG; everything else, and any JPEG it cannot turn into RGB
-    (CMYK), goes to Pillow, which also judges damaged files (a truncated JPEG is an error,
-    not a partly grey image).
+    Complete JPEGs whose header parses go to PyTurboJPEG; everything else, and any JPEG it
+    cannot decode cleanly (CMYK, or anything libjpeg-turbo warns about), goes to Pillow,
+    which judges damaged files (a truncated JPEG is an error, not a partly grey image).
 
     Raises:
-        ValueError: starting with ``name`` when the bytes are not a decodable image.
+        ValueError: starting with ``name`` when the bytes are not a decodable image;
+            :class:`ImageTooLargeError` when it is over ``PIL.Image.MAX_IMAGE_PIXELS``.
     """
-    tj = _turbojpeg()
-    if tj is not None and is_jpeg(data) and bytes(data[-2:]) == JPEG_EOI:
-        try:
-            return tj.decode(bytes(data), pixel_format=0)  # TJPF_RGB
-        except OSError:
-            pass
-    return pil_to_rgb_array(_open_pil(data, name), name)
+    data = bytes(data)
+    if not is_jpeg(data):
+        return _decode_pil(data, name)
+    header = _jpeg_header(data)
+    orientation: int | None = None
+    scan = len(data)  # where Pillow stops reading markers, if ours don't parse
+    if header is not None:
+        width, height, orientation, scan = header
+        _check_pixels(width, height, name)
+        tj = _turbojpeg()
+        if tj is not None and data.endswith(JPEG_EOI):
+            try:
+                pixels = tj.decode(data, pixel_format=0, flags=TJFLAG_STOPONWARNING)  # RGB
+            except OSError:
+                pass  # CMYK, or damaged: Pillow judges
+            else:
+                return _orient(pixels, orientation)
+    # Pillow reads EXIF (up to the first scan) while opening a JPEG, for DPI, and warns if it
+    # is malformed. We have the orientation already, so we hide it ("exif" is not "Exif").
+    data = _EXIF_APP1.sub(rb"\1exif", data[:scan]) + data[scan:]
+    return _decode_pil(data, name, orientation)
 
 
 def _prefix(name: str) -> str:
     return f"{name}: " if name else ""
 
 
-def _open_pil(data: bytes | memoryview, name: str) -> Image.Image:
+def _check_pixels(width: int, height: int, name: str) -> None:
+    """Refuse a decompression bomb; the limit is read per call so that raising it works."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
+        raise ImageTooLargeError(
+            f"{_prefix(name)}image is {width}x{height} = {width * height:,} pixels, over the "
+            f"decompression-bomb limit of {limit:,} (PIL.Image.MAX_IMAGE_PIXELS; "
+            "imgpack convert --max-pixels raises it)"
+        )
+
+
+def _jpeg_header(data: bytes) -> tuple[int, int, int, int] | None:
+    """``(width, height, orientation, offset of SOS)`` from the markers before the first
+    scan; None if they don't parse.
+
+    Cheaper than ``decode_header`` (no decompressor to set up) and bounded: every step moves
+    forward. EXIF segments are joined, and XMP is the fallback, as in Pillow.
+    """
+    size, exif, xmp = None, b"", b""
+    i, n = 2, len(data)
+    while i + 4 <= n and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xDA:  # SOS: the entropy-coded data follows
+            break
+        if marker in _NO_LENGTH:  # no payload (0xFF: a fill byte before the marker)
+            i += 1 if marker == 0xFF else 2
+            continue
+        length = (data[i + 2] << 8) | data[i + 3]
+        if length < 2:
+            return None
+        start, end = i + 4, i + 2 + length  # the payload
+        if marker in _SOF and size is None and length >= 7 and start + 5 <= n:
+            size = struct.unpack_from(">HH", data, start + 1)[::-1]
+        elif marker == 0xE1 and data.startswith(EXIF_HEADER, start):
+            exif += data[start + len(EXIF_HEADER) : end]
+        elif marker == 0xE1 and data.startswith(XMP_HEADER, start):
+            xmp = data[start + len(XMP_HEADER) : end]
+        i = end
+    else:
+        return None  # no SOS
+    if size is None:
+        return None
+    orientation = _exif_orientation(exif)
+    if orientation is None:
+        orientation = _xmp_orientation(xmp)
+    return *size, orientation, i
+
+
+def _exif_orientation(tiff: bytes) -> int | None:
+    """The Orientation in IFD0 of TIFF-structured EXIF; None if absent or unreadable."""
+    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
+    if order is None or len(tiff) < 8:
+        return None
+    (ifd,) = struct.unpack_from(order + "I", tiff, 4)
+    if ifd + 2 > len(tiff):
+        return None
+    (count,) = struct.unpack_from(order + "H", tiff, ifd)
+    for entry in range(ifd + 2, min(ifd + 2 + 12 * count, len(tiff) - 11), 12):
+        tag, kind, values = struct.unpack_from(order + "HHI", tiff, entry)
+        if tag == ORIENTATION:  # SHORT as the spec says, or LONG; anything else is ignored
+            if values != 1 or kind not in (3, 4):
+                return 0
+            return struct.unpack_from(order + ("H" if kind == 3 else "I"), tiff, entry + 8)[0]
+    return None
+
+
+def _xmp_orientation(xmp: bytes) -> int:
+    match = _XMP_ORIENTATION.search(xmp)
+    return int(match[1]) if match else 1
+
+
+def _pil_orientation(img: Image.Image) -> int:
+    """The Orientation Pillow's ``getexif()`` finds, without the warnings and exceptions it
+    gives for malformed EXIF: EXIF (JPEG, PNG, WebP), a TIFF's own tag, else XMP."""
+    exif = img.info.get("exif")
+    if isinstance(exif, bytes):
+        orientation = _exif_orientation(exif.removeprefix(EXIF_HEADER))
+    else:
+        orientation = getattr(img, "tag_v2", {}).get(ORIENTATION)
+    if orientation is None:
+        xmp = img.info.get("XML:com.adobe.xmp") or img.info.get("xmp") or b""
+        return _xmp_orientation(xmp.encode() if isinstance(xmp, str) else xmp)
+    return orientation
+
+
+def _orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
+    """Turn pixels upright for an EXIF Orientation (other values than 2-8 leave them as they
+    are); a C-contiguous copy, as ``torch.from_numpy`` refuses negative strides."""
+    if orientation not in range(2, 9):
+        return pixels
+    if orientation >= 5:
+        pixels = pixels.transpose(1, 0, 2)
+    if orientation in (3, 4, 7, 8):
+        pixels = pixels[::-1]
+    if orientation in (2, 3, 6, 7):
+        pixels = pixels[:, ::-1]
+    return np.ascontiguousarray(pixels)
+
+
+def _open_pil(data: bytes) -> ImageFile.ImageFile:
+    """``Image.open`` less its decompression-bomb check, which warns (printed, or raised
+    under ``-W error``) where ours raises: the same search through Pillow's plugins."""
+    fp, prefix = io.BytesIO(data), data[:16]
+    for load_plugins in (Image.preinit, Image.init):
+        load_plugins()
+        for fmt in tuple(Image.ID):
+            factory, accept = Image.OPEN[fmt]
+            accepted = not accept or accept(prefix)
+            if accepted and not isinstance(accepted, str):
+                fp.seek(0)
+                try:
+                    return factory(fp, "")
+                except (SyntaxError, IndexError, TypeError, struct.error):
+                    continue  # not this format after all, as in Image.open
+    raise Image.UnidentifiedImageError("cannot identify image file")
+
+
+def _decode_pil(data: bytes, name: str, orientation: int | None = None) -> np.ndarray:
+    """Decode with Pillow, which judges damaged files, after our own size check."""
     try:
-        img = Image.open(io.BytesIO(data))
+        img = _open_pil(data)
+        _check_pixels(*img.size, name)
         img.load()
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+    except ImageTooLargeError:
+        raise
+    except (*_PIL_ERRORS, Image.DecompressionBombError) as e:
         raise ValueError(f"{_prefix(name)}cannot decode image: {e}") from e
-    return img
+    if orientation is None:
+        orientation = _pil_orientation(img)
+    return _orient(pil_to_rgb_array(img, name), orientation)
 
 
 def pil_to_rgb_array(img: Image.Image, name: str = "") -> np.ndarray:
@@ -88,6 +266,8 @@ def pil_to_rgb_array(img: Image.Image, name: str = "") -> np.ndarray:
         # Pillow's convert("RGB") clips 16-bit values instead of scaling: scale to 8 bits.
         arr = np.asarray(img, dtype=np.uint32) >> (8 if img.mode != "I" else 24)
         img = Image.fromarray(arr.astype(np.uint8), "L")
+    elif img.mode == "P" and isinstance(img.info.get("transparency"), bytes):
+        img = img.convert("RGBA")  # P -> RGB warns about per-index alpha; RGBA -> RGB drops it
     try:
         return np.array(img.convert("RGB"))  # writable, as torch.from_numpy wants
     except (OSError, ValueError) as e:

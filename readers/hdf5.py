@@ -3,7 +3,8 @@
 On-disk layout (names in ``readers.spec``): dataset ``images``, either uint8
 ``[N, H, W, 3]`` chunked one sample per chunk (raw pixels of one shape) or variable-length
 uint8 ``[N]`` (encoded bytes, or flattened raw pixels with ``shapes`` int64 ``[N, 3]``);
-``labels`` int64 ``[N]``; ``paths`` variable-length UTF-8 strings; file attributes
+``labels`` int64 ``[N]``; ``paths`` variable-length UTF-8 strings (a name that is not
+valid UTF-8 keeps its bytes, read back through ``surrogateescape``); file attributes
 ``classes``, ``encoding`` and ``imgpack_format_version``. Optional gzip/lzf compression is
 transparent to h5py. The file is opened read-only once per process.
 """
@@ -29,10 +30,11 @@ class Hdf5Shard:
             self._file = h5py.File(path, "r")
             self._images = self._file[spec.H5_IMAGES]
             self.labels = self._file[spec.H5_LABELS][()]
-            self._paths = self._file[spec.H5_PATHS]
+            self._paths = self._file[spec.H5_PATHS].asstr(errors="surrogateescape")
             self._shapes = self._file[spec.H5_SHAPES][()] if spec.H5_SHAPES in self._file else None
-        except (OSError, KeyError) as e:
+        except (OSError, KeyError, TypeError) as e:  # TypeError: paths are not strings
             raise DatasetError(f"{path}: not a valid imgpack HDF5 file: {e}") from e
+        self._path = path
         self._vlen = self._images.ndim == 1
         self._file_bytes: np.memmap | None = None
         images = self._images
@@ -47,7 +49,10 @@ class Hdf5Shard:
             self._sample_bytes = int(np.prod(images.shape[1:]))
 
     def read(self, i: int) -> np.ndarray | bytes:
-        value = self._images[i]
+        try:
+            value = self._images[i]
+        except OSError as e:
+            raise self._unreadable(i, e) from e
         if not self._vlen:
             return value
         if self._shapes is not None:
@@ -58,12 +63,20 @@ class Hdf5Shard:
         target = out.numpy()
         if self._file_bytes is None:  # compressed: let HDF5 decompress, one chunk per row
             for row, i in enumerate(idx.tolist()):
-                self._images.read_direct(target, np.s_[i], np.s_[row])
+                try:
+                    self._images.read_direct(target, np.s_[i], np.s_[row])
+                except OSError as e:
+                    raise self._unreadable(i, e) from e
             return
         rows = target.reshape(len(idx), -1)
         for row, i in enumerate(idx.tolist()):
             start = self._chunk_offset(i)
             rows[row] = self._file_bytes[start : start + self._sample_bytes]
+
+    def _unreadable(self, i: int, error: OSError) -> DatasetError:
+        """What h5py's OSError for a damaged chunk or heap block (a gzip chunk that does not
+        inflate, a bad address) becomes: an error naming the sample."""
+        return DatasetError(f"{self._path}[{i}]: unreadable sample: {error}")
 
     def _chunk_offset(self, i: int) -> int:
         """Byte offset of sample ``i``'s chunk in the file (looked up once, then cached)."""
@@ -71,12 +84,14 @@ class Hdf5Shard:
         if offset < 0:
             info = self._images.id.get_chunk_info_by_coord((i, 0, 0, 0))
             if info.byte_offset is None:
-                raise DatasetError(f"{self._file.filename}: sample {i} was never written")
+                raise DatasetError(f"{self._path}: sample {i} was never written")
+            if info.byte_offset + self._sample_bytes > len(self._file_bytes):
+                raise DatasetError(f"{self._path}: sample {i} lies past the end of the file")
             offset = self._chunk_offsets[i] = info.byte_offset
         return offset
 
     def path(self, i: int) -> str:
-        return self._paths.asstr()[i]
+        return self._paths[i]
 
 
 class Hdf5Dataset(ImageDataset):

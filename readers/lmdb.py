@@ -4,7 +4,8 @@ On-disk layout (names in ``readers.spec``): one LMDB file per shard (``subdir=Fa
 key ``SAMPLE_KEY`` (10 ASCII digits, so key order is index order) per sample whose value
 is the stored bytes (encoded image, or raw HWC pixels); metadata keys ``__labels__``
 (int64 little-endian), ``__shapes__`` (int64 ``[N, 3]``, raw pixels of varying shape) and
-``__paths__`` (JSON list). Opened read-only without locking once per process.
+``__paths__`` (JSON list; ASCII with ``\\u`` escapes, so that a name that is not valid UTF-8
+keeps its bytes as surrogate escapes). Opened read-only without locking once per process.
 """
 
 from __future__ import annotations
@@ -69,8 +70,11 @@ class LmdbShard:
         self._paths: list[str] | None = None
 
     def _get(self, key: bytes) -> bytes:
-        with self._env.begin() as txn:
-            value = txn.get(key)
+        try:
+            with self._env.begin() as txn:
+                value = txn.get(key)
+        except lmdb.Error as e:  # a damaged page (MDB_CORRUPTED, MDB_PAGE_NOTFOUND)
+            raise DatasetError(f"{self._path}: cannot read key {key.decode()!r}: {e}") from e
         if value is None:
             raise DatasetError(f"{self._path}: missing key {key.decode()!r}")
         return value
@@ -84,16 +88,23 @@ class LmdbShard:
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
         flat = out.numpy().reshape(len(idx), -1)
-        with self._env.begin(buffers=True) as txn:
-            for row, i in enumerate(idx.tolist()):
-                value = txn.get(spec.SAMPLE_KEY.format(i).encode())
-                if value is None:
-                    raise DatasetError(f"{self._path}: missing sample {i}")
-                flat[row] = np.frombuffer(value, dtype=np.uint8)
+        try:
+            with self._env.begin(buffers=True) as txn:
+                for row, i in enumerate(idx.tolist()):
+                    value = txn.get(spec.SAMPLE_KEY.format(i).encode())
+                    if value is None:
+                        raise DatasetError(f"{self._path}: missing sample {i}")
+                    flat[row] = np.frombuffer(value, dtype=np.uint8)
+        except lmdb.Error as e:
+            raise DatasetError(f"{self._path}: cannot read samples: {e}") from e
 
     def path(self, i: int) -> str:
         if self._paths is None:
-            self._paths = json.loads(self._get(spec.LMDB_PATHS))
+            value = self._get(spec.LMDB_PATHS)
+            try:
+                self._paths = json.loads(value)
+            except ValueError as e:  # not JSON, or not UTF-8
+                raise DatasetError(f"{self._path}: invalid {spec.LMDB_PATHS.decode()}: {e}") from e
         return self._paths[i]
 
 

@@ -3,7 +3,8 @@
 On-disk layout (names in ``readers.spec``): ``images`` uint8 ``[N, H, W, 3]`` when every
 sample is raw pixels of one shape; otherwise ``data`` uint8 (samples back to back) with
 ``offsets`` int64 ``[N + 1]`` and, for raw pixels, ``shapes`` int64 ``[N, 3]``. Always
-``labels`` int64 ``[N]`` and ``paths``/``path_offsets`` (UTF-8 source paths). Each shard
+``labels`` int64 ``[N]`` and ``paths``/``path_offsets`` (UTF-8 source paths; a name that
+is not valid UTF-8 keeps its bytes, read back through ``surrogateescape``). Each shard
 is opened once per process with ``torch.load(mmap=True, weights_only=True)``: no pickle
 code runs, and reads are slices of the page cache, not whole-file loads.
 """
@@ -64,7 +65,7 @@ class PtShard:
     def path(self, i: int) -> str:
         offsets = self._get(spec.PT_PATH_OFFSETS)
         data = self._get(spec.PT_PATHS)
-        return bytes(data[offsets[i] : offsets[i + 1]].numpy()).decode("utf-8")
+        return bytes(data[offsets[i] : offsets[i + 1]].numpy()).decode("utf-8", "surrogateescape")
 
 
 class PtDataset(ImageDataset):

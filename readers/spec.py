@@ -7,11 +7,15 @@ root of a dataset is written last and is where every reader starts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "ENCODINGS",
@@ -21,7 +25,9 @@ __all__ = [
     "DatasetError",
     "Manifest",
     "ShardInfo",
+    "content_sha256",
     "load_manifest",
+    "sample_digest",
     "shard_name",
 ]
 
@@ -31,7 +37,11 @@ FORMATS = ("pt", "hdf5", "lmdb", "wds")
 ENCODINGS = ("raw", "jpeg", "original")
 SHARD_SUFFIX = {"pt": ".pt", "hdf5": ".h5", "lmdb": ".lmdb", "wds": ".tar"}
 SHARD_PREFIX = "shard-"
-TMP_PREFIX = ".tmp-"
+TMP_PREFIX = ".tmp-"  # a shard or manifest being written; renamed when complete
+# While a conversion runs: its lock, and its journal of completed shards (what --resume
+# keeps). Both are removed once the manifest is in place.
+LOCK_NAME = ".imgpack.lock"
+JOURNAL_NAME = ".imgpack-journal.jsonl"
 
 # Per-sample key: fixed width so that lexicographic key order is index order (LMDB, tar).
 SAMPLE_KEY = "{:010d}"
@@ -42,14 +52,14 @@ PT_DATA = "data"  # uint8 [total bytes]: encoded bytes or flattened raw pixels, 
 PT_OFFSETS = "offsets"  # int64 [N + 1]: sample i is data[offsets[i]:offsets[i + 1]]
 PT_SHAPES = "shapes"  # int64 [N, 3]: per-sample H, W, C for raw pixels of varying shape
 PT_LABELS = "labels"  # int64 [N]
-PT_PATHS = "paths"  # uint8 [total bytes]: UTF-8 source paths relative to SRC, back to back
+PT_PATHS = "paths"  # uint8 [total bytes]: UTF-8 source paths, back to back (surrogateescape)
 PT_PATH_OFFSETS = "path_offsets"  # int64 [N + 1]
 
 # hdf5: datasets in the root group; class names and encoding as file attributes.
 H5_IMAGES = "images"  # uint8 [N, H, W, 3] (one chunk per sample) or vlen uint8 [N]
 H5_SHAPES = "shapes"  # int64 [N, 3] when raw pixels vary in shape
 H5_LABELS = "labels"  # int64 [N]
-H5_PATHS = "paths"  # vlen UTF-8 str [N]
+H5_PATHS = "paths"  # vlen UTF-8 str [N]; bytes that are not UTF-8 kept (surrogateescape)
 H5_ATTR_CLASSES = "classes"
 H5_ATTR_ENCODING = "encoding"
 H5_ATTR_VERSION = "imgpack_format_version"
@@ -58,12 +68,12 @@ H5_ATTR_VERSION = "imgpack_format_version"
 # metadata keys that sort after every sample key ("_" > "9").
 LMDB_LABELS = b"__labels__"  # int64 little-endian [N]
 LMDB_SHAPES = b"__shapes__"  # int64 little-endian [N, 3], raw pixels only
-LMDB_PATHS = b"__paths__"  # JSON list of N source paths
+LMDB_PATHS = b"__paths__"  # ASCII JSON list of N source paths (\udcXX: bytes not UTF-8)
 
 # wds: members KEY.<ext> (image), KEY.cls (label as ASCII digits), KEY.path.txt (source
 # path); beside each tar an index for random access, SHARD.tar + WDS_INDEX_SUFFIX.
 WDS_LABEL_EXT = "cls"
-WDS_PATH_EXT = "path.txt"
+WDS_PATH_EXT = "path.txt"  # UTF-8 source path; bytes that are not UTF-8 kept (surrogateescape)
 WDS_RAW_EXT = "npy"
 WDS_IMAGE_EXTS = ("jpg", "png", "bmp", "ppm", "pgm", "tif", "webp", WDS_RAW_EXT)
 WDS_INDEX_SUFFIX = ".idx.json"
@@ -78,14 +88,37 @@ def shard_name(fmt: str, index: int) -> str:
     return f"{SHARD_PREFIX}{index:06d}{SHARD_SUFFIX[fmt]}"
 
 
+def sample_digest(label: int, path: str, data: bytes | memoryview | np.ndarray) -> bytes:
+    """SHA-256 of one stored sample: label, source path and the stored value (encoded bytes,
+    or uint8 HWC pixels with their shape). Independent of format and shard layout."""
+    if isinstance(data, np.ndarray):  # raw pixels
+        kind = "raw:" + "x".join(map(str, data.shape))
+        payload = memoryview(np.ascontiguousarray(data)).cast("B")
+    else:
+        kind, payload = "encoded", memoryview(data)
+    digest = hashlib.sha256(f"{label}\0{path}\0{kind}\0".encode("utf-8", "surrogateescape"))
+    digest.update(payload)
+    return digest.digest()
+
+
+def content_sha256(digests: Iterable[bytes]) -> str:
+    """The manifest's ``content_sha256``: SHA-256 over every sample's digest, in order."""
+    total = hashlib.sha256()
+    for d in digests:
+        total.update(d)
+    return total.hexdigest()
+
+
 @dataclass(frozen=True)
 class ShardInfo:
-    """One shard as the manifest lists it."""
+    """One shard as the manifest lists it; ``sidecars`` maps the suffix of each file kept
+    beside the shard (the wds index) to its SHA-256."""
 
     path: str
     samples: int
     bytes: int
     sha256: str
+    sidecars: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -115,9 +148,13 @@ def load_manifest(root: str | os.PathLike[str], expect_format: str | None = None
     if not root.exists():
         raise DatasetError(f"{root}: no such dataset folder")
     if not path.is_file():
-        if any(p.name.startswith((SHARD_PREFIX, TMP_PREFIX)) for p in root.iterdir()):
+        if any(
+            p.name.startswith((SHARD_PREFIX, TMP_PREFIX)) or p.name == JOURNAL_NAME
+            for p in root.iterdir()
+        ):
             raise DatasetError(
-                f"{root}: incomplete conversion (no {MANIFEST_NAME}): rerun the conversion"
+                f"{root}: incomplete conversion (no {MANIFEST_NAME}): rerun the same "
+                "imgpack convert command with --resume"
             )
         raise DatasetError(f"{root}: not an imgpack dataset (no {MANIFEST_NAME})")
     try:
@@ -169,7 +206,11 @@ def _parse_manifest(root: Path, path: Path, raw: Any, expect_format: str | None)
     for i, s in enumerate(shards):
         try:
             info = ShardInfo(
-                path=s["path"], samples=s["samples"], bytes=s["bytes"], sha256=s["sha256"]
+                path=s["path"],
+                samples=s["samples"],
+                bytes=s["bytes"],
+                sha256=s["sha256"],
+                sidecars=s.get("sidecars", {}),
             )
         except (TypeError, KeyError) as e:
             raise bad(f"shard {i}: missing field {e}") from None
@@ -177,7 +218,12 @@ def _parse_manifest(root: Path, path: Path, raw: Any, expect_format: str | None)
             raise bad(f"shard {i}: invalid sample count {info.samples!r}")
         if not isinstance(info.bytes, int) or info.bytes < 0:
             raise bad(f"shard {i}: invalid byte size {info.bytes!r}")
-        if not isinstance(info.path, str) or not _is_confined(info.path):
+        if not isinstance(info.sha256, str) or not isinstance(info.sidecars, dict):
+            raise bad(f"shard {i}: invalid sha256 or sidecars")
+        if not isinstance(info.path, str) or not all(
+            _is_confined(info.path + suffix) and "/" not in suffix
+            for suffix in ["", *info.sidecars]
+        ):
             raise bad(f"shard {i}: path {info.path!r} is not a file inside the dataset folder")
         infos.append(info)
     return Manifest(

@@ -17,7 +17,9 @@ import io
 import json
 import os
 import random
+import tarfile
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -30,25 +32,43 @@ from webdataset.utils import pytorch_worker_info
 from readers import spec
 from readers.base import ImageDataset, Transform
 from readers.decode import decode_image
-from readers.spec import DatasetError, Manifest, load_manifest
+from readers.spec import DatasetError, Manifest, ShardInfo, load_manifest
 
 __all__ = ["WdsDataset", "WdsStream", "read_index"]
 
 _ALLOWED_EXTS = frozenset((*spec.WDS_IMAGE_EXTS, spec.WDS_LABEL_EXT, spec.WDS_PATH_EXT))
+_INDEX_COLUMNS = ("offsets", "sizes", "exts", "labels", "paths")
 
 
-def read_index(tar_path: str) -> dict[str, list[Any]]:
-    """Load and check the random-access index that sits beside ``tar_path``."""
+def read_index(tar_path: str, tar_size: int) -> dict[str, list[Any]]:
+    """Load the random-access index that sits beside ``tar_path`` and check every entry,
+    including that it points inside the tar's ``tar_size`` bytes."""
     path = tar_path + spec.WDS_INDEX_SUFFIX
     try:
         with open(path, encoding="utf-8") as f:
             index = json.load(f)
-        n = len(index["offsets"])
-        if not all(len(index[k]) == n for k in ("sizes", "exts", "labels", "paths")):
+        columns = [index[k] for k in _INDEX_COLUMNS]
+        if not all(isinstance(c, list) and len(c) == len(columns[0]) for c in columns):
             raise ValueError("columns of different lengths")
+        for k, entry in enumerate(zip(*columns, strict=True)):
+            _check_index_entry(k, *entry, tar_size)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DatasetError(f"{path}: missing or invalid tar index: {e}") from e
     return index
+
+
+def _check_index_entry(
+    k: int, offset: Any, size: Any, ext: Any, label: Any, path: Any, tar_size: int
+) -> None:
+    """Raise ValueError for an entry the writer would not write: a damaged or hand-made
+    index must not make a read return bytes from beyond the tar, nor a label of any type."""
+    in_tar = type(offset) is int and type(size) is int and 0 <= offset <= offset + size <= tar_size
+    if not in_tar:
+        raise ValueError(
+            f"sample {k}: {size!r} bytes at {offset!r} are not inside the {tar_size}-byte tar"
+        )
+    if ext not in spec.WDS_IMAGE_EXTS or type(label) is not int or not isinstance(path, str):
+        raise ValueError(f"sample {k}: invalid extension, label or path")
 
 
 def _npy_to_array(data: bytes, name: str) -> np.ndarray:
@@ -65,21 +85,20 @@ class WdsShard:
     """A tar shard read by offset through its index."""
 
     def __init__(self, path: str) -> None:
-        index = read_index(path)
         self._path = path
+        self._fd = os.open(path, os.O_RDONLY)
+        index = read_index(path, os.fstat(self._fd).st_size)
         self._offsets = index["offsets"]
         self._sizes = index["sizes"]
         self._exts = index["exts"]
         self._paths = index["paths"]
         self.labels = np.asarray(index["labels"], dtype=np.int64)
-        self._fd = os.open(path, os.O_RDONLY)
-        self._file_size = os.fstat(self._fd).st_size
 
     def read(self, i: int) -> bytes | np.ndarray:
-        offset, size = self._offsets[i], self._sizes[i]
-        if offset + size > self._file_size:
+        size = self._sizes[i]
+        data = os.pread(self._fd, size, self._offsets[i])
+        if len(data) != size:  # the index was checked at open: the tar shrank since
             raise DatasetError(f"{self._path}: sample {i} lies past the end of the file")
-        data = os.pread(self._fd, size, offset)
         if self._exts[i] == spec.WDS_RAW_EXT:
             return _npy_to_array(data, f"{self._path}[{i}]")
         return data
@@ -178,6 +197,7 @@ class WdsStream(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         urls = [str(self.manifest.shard_path(i)) for i in range(len(self.manifest.shards))]
+        shards = dict(zip(urls, self.manifest.shards, strict=True))  # before any shuffle
         rank, _, worker, _ = pytorch_worker_info()
         stages: list[Any] = []
         if self.shuffle_buffer > 0:
@@ -189,16 +209,48 @@ class WdsStream(IterableDataset):
             webdataset.SimpleShardList(urls),
             webdataset.split_by_node,
             webdataset.split_by_worker,
-            _tar_samples,
+            partial(_tar_samples, shards=shards),
             *stages,
         )
         for sample in pipeline:
             yield sample_to_item(sample, self.transform)
 
 
-def _tar_samples(shards: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """webdataset's tar expansion and grouping, on files this stage opens and closes."""
-    for shard in shards:
-        url = shard["url"]
+def _tar_samples(
+    urls: Iterator[dict[str, Any]], shards: dict[str, ShardInfo]
+) -> Iterator[dict[str, Any]]:
+    """webdataset's tar expansion and grouping, on files this stage opens and closes, held
+    to what the manifest (``shards``, by path) says: a tar of another size, a member name
+    that is a path, or a tar that ends early is a DatasetError naming the tar, never a
+    silently shorter epoch (tarfile takes a cut at a member boundary for the end)."""
+    for item in urls:
+        url, expected = item["url"], shards[item["url"]]
         with open(url, "rb") as stream:
-            yield from group_by_keys(tar_file_expander([{"url": url, "stream": stream}]))
+            size = os.fstat(stream.fileno()).st_size
+            if size != expected.bytes:
+                raise DatasetError(
+                    f"{url}: shard is {size} bytes but the manifest says {expected.bytes}: "
+                    "truncated or modified since the conversion (run imgpack verify)"
+                )
+            members = tar_file_expander([{"url": url, "stream": stream}])
+            count = 0
+            try:
+                for sample in group_by_keys(_plain_members(members, url)):
+                    count += 1
+                    yield sample
+            except tarfile.TarError as e:  # webdataset appends the stream to the message
+                raise DatasetError(f"{url}: damaged tar: {e.args[0] if e.args else e}") from e
+        if count != expected.samples:
+            raise DatasetError(
+                f"{url}: holds {count} samples but the manifest says {expected.samples}"
+            )
+
+
+def _plain_members(members: Iterator[dict[str, Any]], url: str) -> Iterator[dict[str, Any]]:
+    """Refuse any member name that is a path (``/etc/x.jpg``, ``../x.jpg``): imgpack writes
+    only ``KEY.ext``. Nothing is ever extracted, but such a tar is not one of ours."""
+    for member in members:
+        name = member.get("fname")
+        if name is not None and ("/" in name or "\\" in name):
+            raise DatasetError(f"{url}: refusing member {name!r}: not a plain KEY.ext name")
+        yield member

@@ -42,3 +42,12 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         return cache[key]
 
     return build
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Scale of tests/test_soak.py: CI's default is short; raise both for a long run."""
+    group = parser.getgroup("soak", "soak test (tests/test_soak.py)")
+    group.addoption(
+        "--soak-samples", type=int, default=3000, help="samples in the soak dataset (3000)"
+    )
+    group.addoption("--soak-epochs", type=int, default=3, help="epochs per soak case (3)")

@@ -23,7 +23,8 @@ def _images(root: Path) -> dict[str, tuple[str, tuple[int, int], str]]:
 
 
 def test_sample_data_is_small_real_and_varied() -> None:
-    classes, samples = scan_folder(SAMPLE_DATA)
+    scan = scan_folder(SAMPLE_DATA)
+    classes, samples = scan.classes, scan.samples
     assert len(classes) >= 3 and 20 <= len(samples) <= 40
     assert sum(p.stat().st_size for p in SAMPLE_DATA.rglob("*") if p.is_file()) < 3_000_000
     images = _images(SAMPLE_DATA)

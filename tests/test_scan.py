@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,16 @@ def touch(root: Path, *relpaths: str) -> None:
         path.write_bytes(b"not decoded by the scan")
 
 
+def _found(src: Path) -> tuple[list[str], list[Sample]]:
+    """Classes and samples of a scan that must find no problem."""
+    scan = scan_folder(src)
+    assert scan.problems == []
+    return scan.classes, scan.samples
+
+
 def test_classes_are_sorted_subfolder_names_and_labels_follow_their_order(tmp_path):
     touch(tmp_path, "zebra/z.jpg", "Apple/a.jpg", "mango/m.jpg", "banana/b.jpg")
-    classes, samples = scan_folder(tmp_path)
+    classes, samples = _found(tmp_path)
     # Plain code-point order, as ImageFolder sorts: upper case before lower case.
     assert classes == ["Apple", "banana", "mango", "zebra"]
     class_to_idx = {c: i for i, c in enumerate(classes)}
@@ -32,14 +40,14 @@ def test_classes_are_sorted_subfolder_names_and_labels_follow_their_order(tmp_pa
 
 def test_files_are_sorted_within_a_class_whatever_the_creation_order(tmp_path):
     touch(tmp_path, "c/b10.jpg", "c/a.png", "c/b2.jpg", "c/B.jpg")
-    _, samples = scan_folder(tmp_path)
+    _, samples = _found(tmp_path)
     assert [s.relpath for s in samples] == ["c/B.jpg", "c/a.png", "c/b10.jpg", "c/b2.jpg"]
     assert {s.label for s in samples} == {0}
 
 
 def test_images_in_nested_subfolders_of_a_class_belong_to_that_class(tmp_path):
     touch(tmp_path, "cat/top.jpg", "cat/deep/er/x.jpg", "cat/sub/y.jpg", "dog/d.jpg")
-    classes, samples = scan_folder(tmp_path)
+    classes, samples = _found(tmp_path)
     assert classes == ["cat", "dog"]  # nested folders are not classes
     # os.walk order sorted by folder (ImageFolder's make_dataset does the same).
     assert samples == [
@@ -54,7 +62,7 @@ def test_upper_case_and_every_listed_extension_count_as_images(tmp_path):
     names = [f"c/img{i}{ext}" for i, ext in enumerate(IMG_EXTENSIONS)]
     names += ["c/upper.JPG", "c/mixed.JpEg", "c/shout.PNG"]
     touch(tmp_path, *names)
-    _, samples = scan_folder(tmp_path)
+    _, samples = _found(tmp_path)
     assert sorted(s.relpath for s in samples) == sorted(names)
 
 
@@ -70,21 +78,21 @@ def test_non_image_files_are_ignored(tmp_path):
         "c/sub/labels.csv",
         "README.md",  # files directly in SRC are not samples either
     )
-    _, samples = scan_folder(tmp_path)
+    _, samples = _found(tmp_path)
     assert samples == [Sample("c/good.jpg", 0)]
 
 
 def test_an_empty_class_folder_still_takes_its_place_in_classes(tmp_path):
     touch(tmp_path, "a/x.jpg", "c/y.jpg")
     (tmp_path / "b").mkdir()
-    classes, samples = scan_folder(tmp_path)
+    classes, samples = _found(tmp_path)
     assert classes == ["a", "b", "c"]
     assert [(s.relpath, s.label) for s in samples] == [("a/x.jpg", 0), ("c/y.jpg", 2)]
     assert find_classes(tmp_path) == classes
 
 
 def test_sample_data_has_four_classes_of_eight_images(sample_data):
-    classes, samples = scan_folder(sample_data)
+    classes, samples = _found(sample_data)
     assert classes == ["nature", "people", "scenes", "space"]
     assert [sum(s.label == k for s in samples) for k in range(4)] == [8, 8, 8, 8]
     assert all(not Path(s.relpath).is_absolute() for s in samples)
@@ -115,3 +123,33 @@ def test_class_folders_without_images_raise_file_not_found(tmp_path):
     (tmp_path / "c").mkdir()
     with pytest.raises(FileNotFoundError, match="no images"):
         scan_folder(tmp_path)
+
+
+def test_a_symlink_loop_is_reported_not_followed_and_the_rest_is_scanned(tmp_path):
+    touch(tmp_path, "c/a.jpg", "c/sub/b.jpg")
+    (tmp_path / "c/sub/back").symlink_to(tmp_path / "c")  # c/sub/back -> c: a loop
+    (tmp_path / "c/self").symlink_to(".")
+    scan = scan_folder(tmp_path)
+    assert [s.relpath for s in scan.samples] == ["c/a.jpg", "c/sub/b.jpg"]
+    assert [p["path"] for p in scan.problems] == ["c/self", "c/sub/back"]
+    assert all("symlink loop" in p["error"] for p in scan.problems)
+
+
+def test_a_symlinked_folder_outside_the_class_is_followed_like_imagefolder(tmp_path):
+    touch(tmp_path, "elsewhere/x.jpg", "src/c/a.jpg")
+    (tmp_path / "src/c/linked").symlink_to(tmp_path / "elsewhere")
+    scan = scan_folder(tmp_path / "src")
+    assert [s.relpath for s in scan.samples] == ["c/a.jpg", "c/linked/x.jpg"]
+    assert scan.problems == []
+
+
+def test_broken_symlinks_and_fifos_named_as_images_are_reported(tmp_path):
+    touch(tmp_path, "c/a.jpg")
+    (tmp_path / "c/gone.jpg").symlink_to(tmp_path / "missing.jpg")
+    os.mkfifo(tmp_path / "c/pipe.jpg")  # opening it would block the conversion forever
+    scan = scan_folder(tmp_path)
+    assert [s.relpath for s in scan.samples] == ["c/a.jpg"]
+    assert scan.problems == [
+        {"path": "c/gone.jpg", "error": "broken symlink: its target does not exist"},
+        {"path": "c/pipe.jpg", "error": "not a regular file (FIFO, socket or device)"},
+    ]

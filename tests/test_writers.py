@@ -5,13 +5,14 @@ from __future__ import annotations
 import h5py
 import lmdb
 import numpy as np
+import pytest
 import torch
 
 import readers
 from convert import ConvertOptions, convert_folder
 from convert.writers import lmdb as lmdb_writer
 from readers import spec
-from tests.conftest import SAMPLE_DATA
+from tests.conftest import ENCODING_CASES, SAMPLE_DATA
 
 
 def test_pt_shard_holds_only_tensors_and_loads_without_pickle(converted) -> None:
@@ -62,3 +63,17 @@ def test_lmdb_map_grows_past_its_initial_size(tmp_path, monkeypatch) -> None:
     source = readers.decode_image((SAMPLE_DATA / ds.source_path(31)).read_bytes())
     assert torch.equal(ds[31][0], torch.from_numpy(source).permute(2, 0, 1))
     assert ds.targets() == sorted(ds.targets())
+
+
+@pytest.mark.parametrize("case", ["jpeg", "raw-variable"])
+def test_hdf5_blocks_whose_samples_all_have_one_length_are_written(tmp_path, case) -> None:
+    # One sample per file makes every write block uniform, which h5py once broadcast wrongly.
+    options = ConvertOptions(format="hdf5", shard_size=1, **ENCODING_CASES[case])
+    convert_folder(SAMPLE_DATA, tmp_path / "h5", options, workers=1, progress=False)
+    ds = readers.open_dataset(tmp_path / "h5")
+    pt_options = ConvertOptions(format="pt", **ENCODING_CASES[case])
+    convert_folder(SAMPLE_DATA, tmp_path / "pt", pt_options, workers=1, progress=False)
+    reference = readers.open_dataset(tmp_path / "pt")
+    assert len(ds) == len(reference) == 32
+    for i in range(32):
+        assert torch.equal(ds[i][0], reference[i][0])

@@ -8,8 +8,11 @@ manifest's entry (samples, bytes, SHA-256) for it.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +74,10 @@ def file_sha256(path: Path) -> str:
 
 
 class ShardedOutput:
-    """Feeds records to per-shard writers, starting a new shard at either limit."""
+    """Feeds records to per-shard writers, starting a new shard at either limit.
+
+    ``done`` holds the shards kept from an interrupted run: numbering continues after them.
+    """
 
     def __init__(
         self,
@@ -81,6 +87,7 @@ class ShardedOutput:
         layout: Layout,
         max_samples: int | None,
         max_bytes: int | None,
+        done: list[ShardInfo] | None = None,
     ) -> None:
         self.dst = dst
         self.fmt = fmt
@@ -88,25 +95,40 @@ class ShardedOutput:
         self.layout = layout
         self.max_samples = max_samples
         self.max_bytes = max_bytes
-        self.shards: list[ShardInfo] = []
+        self.shards: list[ShardInfo] = list(done or [])
         self._writer: ShardWriter | None = None
         self._samples = 0
         self._bytes = 0
 
-    def add(self, record: Record) -> None:
+    def add(self, record: Record) -> ShardInfo | None:
+        """Append ``record``; return the shard it made complete by starting a new one."""
+        finished = None
         if self._writer is not None and self._full(record.nbytes):
-            self._finish_shard()
+            finished = self._finish_shard()
         if self._writer is None:
             self._writer = self.open_writer(self._tmp_path(), self.layout)
         self._writer.add(record)
         self._samples += 1
         self._bytes += record.nbytes
+        return finished
 
-    def close(self) -> list[ShardInfo]:
-        """Finish the last shard; return every shard's manifest entry."""
-        if self._writer is not None:
-            self._finish_shard()
-        return self.shards
+    def close(self) -> ShardInfo | None:
+        """Finish the last shard and return it (None if no record came since the last)."""
+        return self._finish_shard() if self._writer is not None else None
+
+    def abort(self) -> None:
+        """Drop the shard being written (after an error or an interrupt): close what can be
+        closed and delete its temporary files, so that a full disk gets its space back."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        tmp_name = self._tmp_path().name
+        for path in self.dst.glob(glob.escape(tmp_name) + "*"):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
     def _full(self, next_bytes: int) -> bool:
         if self.max_samples is not None and self._samples >= self.max_samples:
@@ -116,7 +138,7 @@ class ShardedOutput:
     def _tmp_path(self) -> Path:
         return self.dst / (spec.TMP_PREFIX + spec.shard_name(self.fmt, len(self.shards)))
 
-    def _finish_shard(self) -> None:
+    def _finish_shard(self) -> ShardInfo:
         writer, self._writer = self._writer, None
         tmp = self._tmp_path()
         sidecars = writer.close() if writer is not None else []
@@ -124,12 +146,13 @@ class ShardedOutput:
         for suffix in sidecars:  # sidecars first: a shard in place is a complete shard
             os.replace(str(tmp) + suffix, str(final) + suffix)
         os.replace(tmp, final)
-        self.shards.append(
-            ShardInfo(
-                path=final.name,
-                samples=self._samples,
-                bytes=final.stat().st_size,
-                sha256=file_sha256(final),
-            )
+        info = ShardInfo(
+            path=final.name,
+            samples=self._samples,
+            bytes=final.stat().st_size,
+            sha256=file_sha256(final),
+            sidecars={suffix: file_sha256(Path(str(final) + suffix)) for suffix in sidecars},
         )
+        self.shards.append(info)
         self._samples, self._bytes = 0, 0
+        return info

@@ -76,17 +76,25 @@ class Hdf5Writer:
                 else np.frombuffer(r.data, dtype=np.uint8)
                 for r in recs
             ]
-            self.images[i:j] = column
+            # Not ``images[i:j] = column``: h5py takes an object array whose arrays are all
+            # of one length (one sample, or raw pixels of one shape) for a 2-D array.
+            self.images.write_direct(column, dest_sel=np.s_[i:j])
         if self.shapes is not None:
             self.shapes[i:j] = np.array([r.data.shape for r in recs], dtype=np.int64)
         self.labels[i:j] = np.array([r.label for r in recs], dtype=np.int64)
-        self.paths[i:j] = [r.path for r in recs]
+        # Bytes, so that a name that is not valid UTF-8 (surrogate escapes) keeps its bytes.
+        self.paths[i:j] = [r.path.encode("utf-8", "surrogateescape") for r in recs]
         self.n = j
 
     def close(self) -> list[str]:
         self._flush()
         attrs = self.file.attrs
-        attrs[spec.H5_ATTR_CLASSES] = list(self.layout.classes)
+        # For h5py users only (readers take classes from the manifest, which keeps a name
+        # that is not valid UTF-8 exactly): such bytes show as U+FFFD here.
+        attrs[spec.H5_ATTR_CLASSES] = [
+            c.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            for c in self.layout.classes
+        ]
         attrs[spec.H5_ATTR_ENCODING] = self.layout.encoding
         attrs[spec.H5_ATTR_VERSION] = spec.FORMAT_VERSION
         self.file.close()

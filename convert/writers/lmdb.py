@@ -33,7 +33,7 @@ class LmdbWriter:
             subdir=False,
             map_size=_INITIAL_MAP,
             lock=False,
-            meminit=False,
+            meminit=True,  # zeroed page slack: the same samples give the same bytes
             sync=False,
             map_async=True,
         )
@@ -78,7 +78,8 @@ class LmdbWriter:
     def close(self) -> list[str]:
         meta = [
             (spec.LMDB_LABELS, np.asarray(self.labels, dtype="<i8").tobytes()),
-            (spec.LMDB_PATHS, json.dumps(self.paths, ensure_ascii=False).encode("utf-8")),
+            # ASCII JSON: \u escapes carry any name, even one that is not valid UTF-8
+            (spec.LMDB_PATHS, json.dumps(self.paths).encode("ascii")),
         ]
         if self.layout.encoding == "raw" and self.layout.shape is None:
             meta.append((spec.LMDB_SHAPES, np.asarray(self.shapes, dtype="<i8").tobytes()))

@@ -42,7 +42,7 @@ class PtWriter:
             spec.PT_LABELS: torch.tensor([r.label for r in recs], dtype=torch.int64),
         }
         tensors[spec.PT_PATHS], tensors[spec.PT_PATH_OFFSETS] = _concat(
-            [r.path.encode("utf-8") for r in recs]
+            [r.path.encode("utf-8", "surrogateescape") for r in recs]
         )
         if self.layout.encoding == "raw" and self.layout.shape is not None:
             tensors[spec.PT_IMAGES] = torch.from_numpy(np.stack([r.data for r in recs]))

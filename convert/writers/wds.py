@@ -56,7 +56,9 @@ class WdsWriter:
             raise ValueError(f"{record.path}: cannot store .{ext} images in WebDataset shards")
         offset = self._member(f"{record.key}.{ext}", data)
         self._member(f"{record.key}.{spec.WDS_LABEL_EXT}", str(record.label).encode())
-        self._member(f"{record.key}.{spec.WDS_PATH_EXT}", record.path.encode("utf-8"))
+        # A name that is not valid UTF-8 keeps its bytes (str with surrogate escapes).
+        path = record.path.encode("utf-8", "surrogateescape")
+        self._member(f"{record.key}.{spec.WDS_PATH_EXT}", path)
         self.index["offsets"].append(offset)
         self.index["sizes"].append(len(data))
         self.index["exts"].append(ext)
@@ -66,6 +68,6 @@ class WdsWriter:
     def close(self) -> list[str]:
         self.tar.close()
         index_path = str(self.path) + spec.WDS_INDEX_SUFFIX
-        with open(index_path, "w", encoding="utf-8") as f:
-            json.dump(self.index, f, ensure_ascii=False, separators=(",", ":"))
+        with open(index_path, "w", encoding="ascii") as f:  # \u escapes carry any path
+            json.dump(self.index, f, separators=(",", ":"))
         return [spec.WDS_INDEX_SUFFIX]

@@ -1,0 +1,208 @@
+"""``imgpack verify``: check that a dataset on disk is the one its manifest describes.
+
+The quick check reads every byte once: the manifest's fields, each shard's size and
+SHA-256 (and its sidecars'), then opens each intact shard to count its samples and labels.
+The deep check also reads every sample back through the format's reader, decodes it,
+checks its shape and recomputes the content checksum, which catches what a byte-exact
+shard cannot: a writer that stored the wrong thing. Shards that fail their checksum are
+not opened: a corrupt file is reported, never parsed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from convert.pipeline import default_workers
+from convert.writers.base import file_sha256
+from readers import DATASETS, spec
+from readers.base import ShardReader
+from readers.decode import decode_image
+
+__all__ = ["Problem", "VerifyReport", "verify_dataset"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong: where (a file, or ``file[index]``) and what."""
+
+    where: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.what}"
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify_dataset`` checked and found."""
+
+    root: Path
+    shards: int = 0
+    samples: int = 0
+    deep: bool = False
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_dataset(
+    root: str | os.PathLike[str], deep: bool = False, progress: bool | None = None
+) -> VerifyReport:
+    """Check the dataset at ``root``; every problem found is in the report, none raised."""
+    report = VerifyReport(Path(root), deep=deep)
+    try:
+        manifest = spec.load_manifest(root)
+    except spec.DatasetError as e:
+        report.problems.append(Problem(str(Path(root) / spec.MANIFEST_NAME), str(e)))
+        return report
+    report.shards = len(manifest.shards)
+    _check_totals(manifest, report)
+    intact = [k for k, info in enumerate(manifest.shards) if _check_files(manifest, k, report)]
+    dataset = DATASETS[manifest.format](root)
+    per_class: Counter[int] = Counter()
+    digests: list[bytes] = []
+    bar = tqdm(
+        total=manifest.num_samples if deep else 0,
+        unit="img",
+        desc="verify --deep",
+        disable=not deep or (None if progress is None else not progress),
+    )
+    with bar:
+        for k in intact:
+            where = str(manifest.shard_path(k))
+            try:
+                reader = dataset.open_shard(k)
+            except spec.DatasetError as e:
+                report.problems.append(Problem(where, f"cannot open: {e}"))
+                continue
+            labels = np.asarray(reader.labels)
+            if len(labels) != manifest.shards[k].samples:
+                report.problems.append(
+                    Problem(
+                        where,
+                        f"holds {len(labels)} samples, the manifest says "
+                        f"{manifest.shards[k].samples}",
+                    )
+                )
+                continue
+            bad = (labels < 0) | (labels >= len(manifest.classes))
+            for i in np.flatnonzero(bad)[:10]:
+                report.problems.append(Problem(f"{where}[{i}]", f"label {labels[i]} out of range"))
+            per_class.update(labels.tolist())
+            report.samples += len(labels)
+            if deep:
+                first = sum(s.samples for s in manifest.shards[:k])
+                digests += _check_samples(
+                    manifest, reader, labels, (where, first), report, bar.update
+                )
+    if len(intact) == len(manifest.shards):
+        _check_counts(manifest, per_class, report)
+        if deep and spec.content_sha256(digests) != manifest.raw.get("content_sha256"):
+            report.problems.append(
+                Problem(
+                    str(manifest.root / spec.MANIFEST_NAME),
+                    "content_sha256 does not match the samples read back",
+                )
+            )
+    return report
+
+
+def _check_totals(manifest: spec.Manifest, report: VerifyReport) -> None:
+    where = str(manifest.root / spec.MANIFEST_NAME)
+    recorded = manifest.raw.get("num_samples")
+    if recorded != manifest.num_samples:
+        report.problems.append(
+            Problem(where, f"num_samples {recorded} != {manifest.num_samples} in the shards")
+        )
+
+
+def _check_files(manifest: spec.Manifest, k: int, report: VerifyReport) -> bool:
+    """Size and SHA-256 of shard ``k`` and its sidecars; True if all match."""
+    info = manifest.shards[k]
+    path = manifest.shard_path(k)
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        report.problems.append(Problem(str(path), f"missing or unreadable: {e.strerror}"))
+        return False
+    if size != info.bytes:
+        report.problems.append(
+            Problem(str(path), f"is {size} bytes, the manifest says {info.bytes}: truncated?")
+        )
+        return False
+    files = {path: info.sha256}
+    files.update({Path(str(path) + s): h for s, h in info.sidecars.items()})
+    ok = True
+    for file, expected in files.items():
+        try:
+            actual = file_sha256(file)
+        except OSError as e:
+            report.problems.append(Problem(str(file), f"missing or unreadable: {e.strerror}"))
+            ok = False
+            continue
+        if actual != expected:
+            report.problems.append(
+                Problem(str(file), "SHA-256 does not match the manifest: corrupt or modified")
+            )
+            ok = False
+    return ok
+
+
+def _check_counts(manifest: spec.Manifest, per_class: Counter[int], report: VerifyReport) -> None:
+    recorded = manifest.raw.get("samples_per_class", {})
+    for i, name in enumerate(manifest.classes):
+        if name in recorded and recorded[name] != per_class[i]:
+            report.problems.append(
+                Problem(
+                    str(manifest.root / spec.MANIFEST_NAME),
+                    f"class {name!r}: {per_class[i]} samples in the shards, "
+                    f"samples_per_class says {recorded[name]}",
+                )
+            )
+
+
+def _check_samples(
+    manifest: spec.Manifest,
+    reader: ShardReader,
+    labels: np.ndarray,
+    location: tuple[str, int],
+    report: VerifyReport,
+    advance: Callable[[int], object],
+) -> list[bytes]:
+    """Decode every sample of one shard (in threads) and return their content digests;
+    ``location`` is the shard's path and the dataset index of its first sample."""
+    where, first = location
+
+    def check(i: int) -> tuple[bytes, str | None]:
+        try:
+            value = reader.read(i)
+            path = reader.path(i)
+            pixels = value if isinstance(value, np.ndarray) else decode_image(value)
+        except (ValueError, OSError) as e:
+            return b"", str(e)
+        digest = spec.sample_digest(int(labels[i]), path, value)
+        shape = tuple(pixels.shape)
+        if pixels.dtype != np.uint8 or len(shape) != 3 or shape[2] != 3:
+            return digest, f"decodes to {pixels.dtype} {shape}, not uint8 HxWx3"
+        if manifest.shape is not None and shape != manifest.shape:
+            return digest, f"decodes to shape {shape}, the manifest says {manifest.shape}"
+        return digest, None
+
+    digests = []
+    with ThreadPoolExecutor(default_workers()) as pool:
+        for i, (digest, problem) in enumerate(pool.map(check, range(len(labels)))):
+            if problem is not None:
+                report.problems.append(Problem(f"{where}[{i}] (sample {first + i})", problem))
+            digests.append(digest)
+            advance(1)
+    return digests

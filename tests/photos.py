@@ -1,0 +1,41 @@
+"""Real photo pixels for tests that build their inputs on the fly (never solid colours or
+noise, which codecs and resizers treat unlike real images)."""
+
+from __future__ import annotations
+
+import io
+import random
+from functools import cache
+
+import numpy as np
+import skimage.data
+from PIL import Image
+
+__all__ = ["encode", "photo_crop"]
+
+PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
+
+
+@cache
+def _photo(name: str) -> np.ndarray:
+    return np.ascontiguousarray(getattr(skimage.data, name)()[..., :3])
+
+
+def photo_crop(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """An ``[height, width, 3]`` uint8 crop of a scikit-image photo chosen by ``seed``."""
+    rng = random.Random(seed)
+    pixels = _photo(PHOTOS[seed % len(PHOTOS)])
+    if pixels.shape[0] < height or pixels.shape[1] < width:
+        pixels = np.array(Image.fromarray(pixels).resize((width * 2, height * 2)))
+    top = rng.randrange(pixels.shape[0] - height + 1)
+    left = rng.randrange(pixels.shape[1] - width + 1)
+    return np.ascontiguousarray(pixels[top : top + height, left : left + width])
+
+
+def encode(image: np.ndarray | Image.Image, fmt: str = "JPEG", **params: object) -> bytes:
+    """``image`` saved by Pillow in ``fmt`` (JPEG, PNG, ...) with ``params``."""
+    if isinstance(image, np.ndarray):
+        image = Image.fromarray(image)
+    out = io.BytesIO()
+    image.save(out, fmt, **params)
+    return out.getvalue()

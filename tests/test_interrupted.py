@@ -1,0 +1,277 @@
+"""Interrupted and concurrent conversions: SIGKILL, Ctrl-C and SIGTERM mid-shard, a full
+disk, a second run into the same folder, and ``--resume`` after each.
+
+The conversions here are real ``imgpack convert`` subprocesses, killed part-way through; a
+resumed dataset must have the content checksum of an uninterrupted run (and, where the
+format allows, the very same bytes).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from convert import ConvertOptions, convert_folder
+from convert.cli import main
+from convert.verify import verify_dataset
+from readers import spec
+from tests.photos import encode, photo_crop
+
+ROOT = Path(__file__).resolve().parent.parent
+IMAGES = 120
+SHARD = 10
+# Slow enough per image (decode, resize, encode of a 256x192 photo) to be caught mid-run.
+ARGS = ["--encoding", "jpeg", "--resize", "128", "--shard-size", str(SHARD)]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("interrupted-src")
+    for i in range(IMAGES):
+        folder = src / f"class{i % 3}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"img{i:04d}.jpg").write_bytes(encode(photo_crop(192, 256, seed=i), quality=92))
+    return src
+
+
+@pytest.fixture(scope="module")
+def reference(source: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``reference(fmt)``: the manifest and shard bytes of an uninterrupted conversion."""
+    cache: dict[str, tuple[dict, dict[str, bytes]]] = {}
+
+    def build(fmt: str) -> tuple[dict, dict[str, bytes]]:
+        if fmt not in cache:
+            dst = tmp_path_factory.mktemp(f"reference-{fmt}")
+            convert_folder(source, dst, options(fmt), workers=2, progress=False)
+            cache[fmt] = (manifest_of(dst), shard_bytes(dst))
+        return cache[fmt]
+
+    return build
+
+
+def options(fmt: str) -> ConvertOptions:
+    """The options ARGS give on the command line."""
+    return ConvertOptions(format=fmt, encoding="jpeg", resize=128, shard_size=SHARD)
+
+
+def command(src: Path, dst: Path, fmt: str, *extra: str) -> list[str]:
+    cli = [sys.executable, "-m", "convert.cli", "convert", str(src), str(dst)]
+    return [*cli, "--format", fmt, *ARGS, "--workers", "2", *extra]
+
+
+def run_cli(src: Path, dst: Path, fmt: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command(src, dst, fmt, *extra), cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def start_cli(src: Path, dst: Path, fmt: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        command(src, dst, fmt, *extra),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def manifest_of(dst: Path) -> dict:
+    return json.loads((dst / spec.MANIFEST_NAME).read_text(encoding="utf-8"))
+
+
+def shard_bytes(dst: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(dst.glob(spec.SHARD_PREFIX + "*"))}
+
+
+def completed_shards(dst: Path) -> int:
+    """Shards the running conversion has journaled so far."""
+    try:
+        lines = (dst / spec.JOURNAL_NAME).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return 0
+    return max(0, len(lines) - 1)
+
+
+def wait_for_shards(process: subprocess.Popen, dst: Path, count: int) -> None:
+    """Block until the conversion has completed ``count`` shards (and is still running)."""
+    deadline = time.monotonic() + 120
+    while completed_shards(dst) < count:
+        assert process.poll() is None, f"conversion ended early: {process.communicate()}"
+        assert time.monotonic() < deadline, "conversion made no progress"
+        time.sleep(0.005)
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def assert_same_as_reference(dst: Path, reference_manifest: dict, reference_shards: dict) -> None:
+    manifest = manifest_of(dst)
+    assert manifest["content_sha256"] == reference_manifest["content_sha256"]
+    assert manifest["shards"] == reference_manifest["shards"]
+    assert shard_bytes(dst) == reference_shards
+    assert not (dst / spec.JOURNAL_NAME).exists() and not (dst / spec.LOCK_NAME).exists()
+    assert verify_dataset(dst, deep=True, progress=False).ok
+
+
+@pytest.mark.parametrize("fmt", spec.FORMATS)
+def test_resume_after_sigkill_mid_shard_equals_an_uninterrupted_run(
+    source, reference, fmt, tmp_path
+):
+    ref_manifest, ref_shards = reference(fmt)
+    dst = tmp_path / "dst"
+    with start_cli(source, dst, fmt) as process:
+        wait_for_shards(process, dst, 3)
+        workers = children(process.pid)
+        process.send_signal(signal.SIGKILL)
+    assert not (dst / spec.MANIFEST_NAME).exists()
+    with pytest.raises(spec.DatasetError, match=r"incomplete conversion.*--resume"):
+        spec.load_manifest(dst)
+    # The workers die with the main process: nothing is left writing or holding memory.
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+    done = run_cli(source, dst, fmt, "--resume")
+    assert done.returncode == 0, done.stderr
+    kept = int(done.stdout.split("kept ")[1].split()[0])
+    assert 3 * SHARD <= kept < IMAGES, done.stdout  # completed shards were not redone
+    assert_same_as_reference(dst, ref_manifest, ref_shards)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_exits_cleanly_saying_how_to_resume(source, reference, sig, tmp_path):
+    ref_manifest, ref_shards = reference("wds")
+    dst = tmp_path / "dst"
+    with start_cli(source, dst, "wds") as process:
+        wait_for_shards(process, dst, 2)
+        process.send_signal(sig)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "interrupted" in stderr and "--resume" in stderr
+    assert not (dst / spec.MANIFEST_NAME).exists()
+    assert not list(dst.glob(spec.TMP_PREFIX + "*"))  # the partial shard is cleaned up
+    done = run_cli(source, dst, "wds", "--resume")
+    assert done.returncode == 0, done.stderr
+    assert_same_as_reference(dst, ref_manifest, ref_shards)
+
+
+def test_a_second_conversion_into_the_same_folder_is_refused_and_the_first_is_unharmed(
+    source, reference, tmp_path
+):
+    ref_manifest, ref_shards = reference("pt")
+    dst = tmp_path / "dst"
+    with start_cli(source, dst, "pt", "--workers", "1") as first:
+        wait_for_shards(first, dst, 1)
+        for flags in ([], ["--resume"], ["--overwrite"]):
+            second = CliRunner().invoke(
+                main, ["convert", str(source), str(dst), "--format", "pt", *ARGS, *flags]
+            )
+            assert second.exit_code != 0
+            assert "another imgpack convert" in second.output, second.output
+            assert f"pid {first.pid}" in second.output
+        assert first.poll() is None  # still running
+        _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr
+    assert_same_as_reference(dst, ref_manifest, ref_shards)
+
+
+def test_resume_refuses_other_options_naming_what_changed(source, tmp_path):
+    dst = tmp_path / "dst"
+    with start_cli(source, dst, "wds") as process:
+        wait_for_shards(process, dst, 1)
+        process.kill()
+    done = run_cli(source, dst, "wds", "--resume", "--quality", "75")
+    assert done.returncode != 0
+    assert "cannot resume: quality 90 -> 75" in done.stderr
+
+
+def test_resume_of_a_complete_dataset_does_nothing(source, reference, tmp_path):
+    ref_manifest, _ = reference("wds")
+    dst = tmp_path / "dst"
+    assert run_cli(source, dst, "wds").returncode == 0
+    before = shard_bytes(dst)
+    done = run_cli(source, dst, "wds", "--resume")
+    assert done.returncode == 0, done.stderr
+    assert "already complete" in done.stdout
+    assert shard_bytes(dst) == before
+    assert manifest_of(dst)["content_sha256"] == ref_manifest["content_sha256"]
+
+
+# --- a full disk -----------------------------------------------------------------------------
+def _mount_tmpfs(folder: Path, size: str) -> bool:
+    if os.geteuid() != 0:
+        return False
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True
+    )
+    return done.returncode == 0
+
+
+@pytest.mark.parametrize("fmt", spec.FORMATS)
+def test_disk_full_gives_a_clear_error_and_resume_completes_once_space_is_free(
+    source, reference, fmt, tmp_path, monkeypatch
+):
+    """A real full filesystem (a 512 KiB tmpfs) when the test can mount one, else the error
+    injected at the shard writer's write call."""
+    ref_manifest, ref_shards = reference(fmt)
+    disk = tmp_path / "disk"
+    real = _mount_tmpfs(disk, "512k")
+    try:
+        if not real:
+            _inject_enospc(monkeypatch, fmt, after=3 * SHARD + 5)
+        with pytest.raises(OSError) as caught:
+            convert_folder(source, disk / "dst", options(fmt), workers=2, progress=False)
+        assert caught.value.errno == errno.ENOSPC
+        assert "no space left on device" in str(caught.value) and "--resume" in str(caught.value)
+        assert not (disk / "dst" / spec.MANIFEST_NAME).exists()
+        assert not list((disk / "dst").glob(spec.TMP_PREFIX + "*"))
+        if real:
+            subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        else:
+            monkeypatch.undo()
+        result = convert_folder(
+            source, disk / "dst", options(fmt), workers=2, resume=True, progress=False
+        )
+        assert result.resumed >= SHARD
+        assert_same_as_reference(disk / "dst", ref_manifest, ref_shards)
+    finally:
+        if real:
+            subprocess.run(["umount", "--lazy", str(disk)], check=True)  # readers may hold maps
+
+
+def _inject_enospc(monkeypatch: pytest.MonkeyPatch, fmt: str, after: int) -> None:
+    """Make the ``after``-th record written fail as a full disk does."""
+    from convert import writers
+
+    real_writer = writers.WRITERS[fmt]
+    count = 0
+
+    class FullDisk:
+        def __init__(self, path, layout):
+            self.inner = real_writer(path, layout)
+
+        def add(self, record):
+            nonlocal count
+            count += 1
+            if count >= after:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.inner.add(record)
+
+        def close(self):
+            return self.inner.close()
+
+    monkeypatch.setitem(writers.WRITERS, fmt, FullDisk)
