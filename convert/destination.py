@@ -45,8 +45,9 @@ __all__ = [
     "ShardEntry",
     "claim_destination",
     "delete_written",
+    "fold_sample",
     "resumable_entries",
-    "same_job",
+    "same_options",
     "source_fingerprint",
     "write_errors",
     "write_manifest",
@@ -62,11 +63,16 @@ class DestinationBusy(FileExistsError):
     """Another conversion holds the lock on DST."""
 
 
-def source_fingerprint(samples: list[Sample]) -> str:
-    """SHA-256 of the ordered sample list (paths and labels): what a resume must match."""
+def fold_sample(digest: Any, sample: Sample) -> None:
+    """Add one source file (path and label) to a running SHA-256 of the sample list."""
+    digest.update(f"{sample.label}\0{sample.relpath}\0".encode("utf-8", "surrogateescape"))
+
+
+def source_fingerprint(samples: Sequence[Sample]) -> str:
+    """SHA-256 of the ordered sample list (paths and labels)."""
     digest = hashlib.sha256()
-    for s in samples:
-        digest.update(f"{s.label}\0{s.relpath}\0".encode("utf-8", "surrogateescape"))
+    for sample in samples:
+        fold_sample(digest, sample)
     return digest.hexdigest()
 
 
@@ -133,10 +139,12 @@ def _read_pid(fd: int) -> int | None:
 @dataclass
 class ShardEntry:
     """One completed shard as the journal records it; ``end`` is the position in the
-    sample list where the next shard starts, ``errors`` the files skipped before it."""
+    sample list where the next shard starts, ``source`` the fingerprint of the sample list
+    up to there (what a resume must find unchanged), ``errors`` the files skipped on the way."""
 
     shard: spec.ShardInfo
     end: int
+    source: str
     errors: list[dict[str, str]] = field(default_factory=list)
     per_class: dict[int, int] = field(default_factory=dict)
     shapes: list[list[int]] = field(default_factory=list)
@@ -146,6 +154,7 @@ class ShardEntry:
         return {
             "shard": asdict(self.shard),
             "end": self.end,
+            "source": self.source,
             "errors": self.errors,
             "per_class": {str(k): v for k, v in self.per_class.items()},
             "shapes": self.shapes,
@@ -157,6 +166,7 @@ class ShardEntry:
         return cls(
             shard=spec.ShardInfo(**raw["shard"]),
             end=int(raw["end"]),
+            source=str(raw["source"]),
             errors=list(raw["errors"]),
             per_class={int(k): int(v) for k, v in raw["per_class"].items()},
             shapes=[list(s) for s in raw["shapes"]],
@@ -282,32 +292,39 @@ def claim_destination(dst: Path, overwrite: bool, resume: bool) -> DestinationLo
     return lock
 
 
-def resumable_entries(dst: Path, header: dict[str, Any]) -> list[ShardEntry]:
-    """The completed shards of an interrupted run into ``dst`` that this run can keep."""
+def resumable_entries(
+    dst: Path, options: dict[str, Any], samples: Sequence[Sample]
+) -> list[ShardEntry]:
+    """The completed shards of an interrupted run into ``dst`` that this run can keep: in
+    order, as long as each still verifies and the source files up to its end (paths and
+    labels; a file removed after the bad one that stopped the run is fine) are unchanged."""
     journal = Journal(dst)
     if not journal.path.exists():
         return []
     started, entries = journal.load()
-    same_job(journal.path, started, header)
-    kept = []
+    same_options(journal.path, started.get("options", {}), options)
+    kept: list[ShardEntry] = []
+    source = hashlib.sha256()
     for entry in entries:
+        for sample in samples[kept[-1].end if kept else 0 : entry.end]:
+            fold_sample(source, sample)
+        if entry.end > len(samples) or source.hexdigest() != entry.source:
+            log.warning("source files before %s changed: redoing from there", entry.shard.path)
+            break
         if not entry.verifies(dst):
-            log.warning("%s: does not verify; redoing it and what follows", entry.shard.path)
+            log.warning("%s does not verify: redoing from there", entry.shard.path)
             break
         kept.append(entry)
     return kept
 
 
-def same_job(path: Path, recorded: dict[str, Any], header: dict[str, Any]) -> None:
-    """Refuse to resume (or to call complete) a run with other options or another source."""
-    recorded_options, options = recorded.get("options", {}), header["options"]
+def same_options(path: Path, recorded: dict[str, Any], options: dict[str, Any]) -> None:
+    """Refuse to resume (or to call complete) a run with other options, naming each."""
     changed = [
-        f"{k.replace('_', '-')} {recorded_options.get(k)!r} -> {options.get(k)!r}"
+        f"{k.replace('_', '-')} {recorded.get(k)!r} -> {options.get(k)!r}"
         for k in options
-        if recorded_options.get(k) != options.get(k)
+        if recorded.get(k) != options.get(k)
     ]
-    if recorded.get("source_fingerprint") != header["source_fingerprint"]:
-        changed.append("the source folder's list of images changed")
     if changed:
         raise ValueError(
             f"{path}: cannot resume: {'; '.join(changed)}; rerun with the options of the "

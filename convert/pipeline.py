@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import itertools
 import json
 import logging
@@ -37,8 +38,9 @@ from convert.destination import (
     ShardEntry,
     claim_destination,
     delete_written,
+    fold_sample,
     resumable_entries,
-    same_job,
+    same_options,
     source_fingerprint,
     write_errors,
     write_manifest,
@@ -233,10 +235,14 @@ class _Tally:
     shapes: set[tuple[int, ...]] = field(default_factory=set)
     digests: bytearray = field(default_factory=bytearray)
 
-    def entry(self, shard: spec.ShardInfo, end: int) -> ShardEntry:
+    def entry(self, shard: spec.ShardInfo, end: int, source: Any) -> ShardEntry:
+        """The journal entry of ``shard``, ending at ``end``; ``source``: the running
+        digest of the sample list up to there."""
         shapes = [list(s) for s in sorted(self.shapes)]
         per_class = dict(self.per_class)
-        return ShardEntry(shard, end, self.errors, per_class, shapes, bytes(self.digests))
+        return ShardEntry(
+            shard, end, source.hexdigest(), self.errors, per_class, shapes, bytes(self.digests)
+        )
 
 
 def convert_folder(
@@ -288,7 +294,7 @@ def convert_folder(
     try:
         if resume and (dst / spec.MANIFEST_NAME).is_file():
             return _already_complete(dst, header)
-        kept = resumable_entries(dst, header) if resume else []
+        kept = resumable_entries(dst, header["options"], samples) if resume else []
         journal = Journal(dst)
         delete_written(dst, keep={spec.LOCK_NAME, *_files_of(kept)})
         journal.start(header, kept)
@@ -338,6 +344,9 @@ def _run(
     )
     written = sum(e.shard.samples for e in kept)
     tally = _Tally()
+    source = hashlib.sha256()  # of the sample list so far, for each journal entry
+    for sample in samples[:start]:
+        fold_sample(source, sample)
     bar = tqdm(
         total=len(samples),
         initial=start,
@@ -359,6 +368,7 @@ def _run(
                     if on_error == "fail":
                         raise _bad_input(error, dst, resumable=True)
                     tally.errors.append(error)
+                    fold_sample(source, sample)
                     log.warning("skipped %s", prepared)
                     continue
                 record = Record(
@@ -370,16 +380,17 @@ def _run(
                 )
                 finished = output.add(record)
                 if finished is not None:
-                    entries.append(tally.entry(finished, position))
+                    entries.append(tally.entry(finished, position, source))
                     journal.append(entries[-1])
                     tally = _Tally()
+                fold_sample(source, sample)
                 tally.digests += spec.sample_digest(record.label, record.path, record.data)
                 tally.per_class[sample.label] += 1
                 tally.shapes.add(prepared.shape)
                 written += 1
         finished = output.close()
         if finished is not None:
-            entries.append(tally.entry(finished, len(samples)))
+            entries.append(tally.entry(finished, len(samples), source))
             journal.append(entries[-1])
             tally = _Tally()
         errors = [*scan.problems, *(x for e in entries for x in e.errors), *tally.errors]
@@ -430,7 +441,12 @@ def _disk_full(dst: Path, error: BaseException) -> bool:
 def _already_complete(dst: Path, header: dict[str, Any]) -> ConvertResult:
     """The result of a ``--resume`` into a dataset that is complete: nothing to do."""
     manifest = spec.load_manifest(dst)
-    same_job(dst / spec.MANIFEST_NAME, manifest.raw, header)
+    same_options(dst / spec.MANIFEST_NAME, manifest.raw.get("options", {}), header["options"])
+    if manifest.raw.get("source_fingerprint") != header["source_fingerprint"]:
+        raise ValueError(
+            f"{dst}: already complete, but the source folder's list of images has changed "
+            "since: pass --overwrite to convert it again"
+        )
     return ConvertResult(
         dst,
         written=manifest.num_samples,

@@ -577,6 +577,67 @@ def test_a_source_of_only_bad_images_fails_and_lists_them(tmp_path):
     assert paths == {"a/x.jpg", "a/y.png"}
 
 
+def test_on_error_fail_exits_naming_the_file_and_resume_finishes_once_it_is_fixed(
+    tmp_path, sample_data
+):
+    src = _copy_of_sample_data(sample_data, tmp_path / "src")
+    bad = _truncated_jpg(src)
+    dst = tmp_path / "dst"
+    args = ("convert", src, dst, "--format", "wds", "--resize", 48, "--shard-size", 4)
+    failed = invoke(*args, "--on-error", "fail", "--workers", 2)
+    assert_refused(failed, bad, "truncated", "--on-error fail", "--resume")
+    assert not (dst / spec.MANIFEST_NAME).exists()
+    (src / bad).unlink()
+    resumed = invoke(*args, "--on-error", "fail", "--workers", 2, "--resume")
+    assert_ok(resumed)
+    assert "kept 20 from the interrupted run" in resumed.output  # the 5 shards before it
+    fresh = tmp_path / "fresh"
+    assert_ok(invoke("convert", src, fresh, *args[3:], "--workers", 1))
+    assert read_manifest(dst)["content_sha256"] == read_manifest(fresh)["content_sha256"]
+
+
+def test_resume_redoes_the_shards_whose_source_files_changed(tmp_path, sample_data):
+    src = _copy_of_sample_data(sample_data, tmp_path / "src")
+    bad = _truncated_jpg(src)  # in "scenes", the third class: shards 0-3 come before it
+    dst = tmp_path / "dst"
+    args = ("convert", src, dst, "--format", "pt", "--resize", 32, "--shard-size", 4)
+    assert_refused(invoke(*args, "--on-error", "fail"), bad)
+    (src / bad).unlink()
+    gone = sorted((src / "people").iterdir())[5]  # sample 13, in shard 3
+    gone.unlink()
+    resumed = invoke(*args, "--resume")
+    assert_ok(resumed)
+    assert "kept 12 from the interrupted run" in resumed.output  # shards 0-2 only
+    fresh = tmp_path / "fresh"
+    assert_ok(invoke("convert", src, fresh, *args[3:]))
+    assert read_manifest(dst)["content_sha256"] == read_manifest(fresh)["content_sha256"]
+    assert read_manifest(dst)["shards"] == read_manifest(fresh)["shards"]
+
+
+def test_max_pixels_skips_larger_images_naming_the_limit(cli_convert):
+    dst, result = cli_convert("pt", "--resize", 32, "--max-pixels", 150_000, "--workers", 2)
+    lines = (dst / ERRORS_NAME).read_text(encoding="utf-8").splitlines()
+    errors = [json.loads(line) for line in lines]
+    assert errors and all("decompression-bomb limit of 150,000" in e["error"] for e in errors)
+    assert f"skipped {len(errors)}" in result.output
+    assert read_manifest(dst)["options"]["max_pixels"] == 150_000
+
+
+def test_resume_and_overwrite_together_are_refused(tmp_path, sample_data):
+    result = invoke(
+        "convert", sample_data, tmp_path / "d", "--format", "pt", "--resume", "--overwrite"
+    )
+    assert_refused(result, "exclude each other")
+    assert not (tmp_path / "d").exists()
+
+
+def test_verify_help_says_what_it_checks_and_the_exit_status():
+    result = invoke("verify", "--help")
+    assert_ok(result)
+    for words in ("SHA-256", "--deep", "exits", "status 1"):
+        assert words in result.output
+
+
 # --- determinism ---------------------------------------------------------------------------
 @pytest.mark.parametrize("order", [(), ("--shuffle", "--seed", 3)], ids=["sorted", "shuffled"])
 @pytest.mark.parametrize("fmt", spec.FORMATS)
