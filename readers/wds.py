@@ -13,6 +13,7 @@ refused, never decoded.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -212,8 +213,10 @@ class WdsStream(IterableDataset):
             partial(_tar_samples, shards=shards),
             *stages,
         )
-        for sample in pipeline:
-            yield sample_to_item(sample, self.transform)
+        samples = iter(pipeline)
+        with contextlib.closing(samples):  # on an error too: the open tar closes now
+            for sample in samples:
+                yield sample_to_item(sample, self.transform)
 
 
 def _tar_samples(

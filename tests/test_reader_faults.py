@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -316,6 +317,46 @@ def test_wds_stream_refuses_a_member_named_as_a_path_and_writes_nothing(
     assert str(shard) in str(info.value) and repr(name) in str(info.value)
     assert files_below(tmp_path) == before
     assert not Path("/etc/x.jpg").exists()
+
+
+class _WritesAFile:
+    """Unpickling this writes ``target``: the payload a hostile ``.pyd`` member carries."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def with_pickle_member(tar_path: Path, target: Path) -> bytes:
+    """The tar at ``tar_path`` with a ``KEY.pyd`` pickle member added to its last sample
+    (at the end, so that the random-access index stays right)."""
+    out = io.BytesIO()
+    with tarfile.open(tar_path) as src, tarfile.open(fileobj=out, mode="w") as dst:
+        for member in src.getmembers():
+            dst.addfile(member, src.extractfile(member))
+        payload = pickle.dumps(_WritesAFile(str(target)))
+        extra = tarfile.TarInfo(member.name.split(".")[0] + ".pyd")
+        extra.size = len(payload)
+        dst.addfile(extra, io.BytesIO(payload))
+    return out.getvalue()
+
+
+def test_wds_readers_refuse_a_pickle_member_and_never_run_it(converted, tmp_path):
+    root = copy_dataset(converted("wds", "jpeg"), tmp_path)
+    target = tmp_path / "payload-ran"
+    shard = replace_shard(
+        root, 0, with_pickle_member(readers.load_manifest(root).shard_path(0), target)
+    )
+    with pytest.raises(readers.DatasetError, match=r"refusing member\(s\) \['pyd'\]"):
+        list(readers.WdsStream(root, shuffle_buffer=0))
+    # The random-access reader goes by its index, to the image members only.
+    ds = readers.open_dataset(root)
+    assert len([ds[i] for i in range(ds.manifest.shards[0].samples)]) > 0
+    assert not target.exists()
+    with tarfile.open(shard) as tar:
+        assert tar.getnames()[-1].endswith(".pyd")
 
 
 def damaged_entry(column: str, value: Callable[[int], object]) -> Callable[[dict, int], str]:
