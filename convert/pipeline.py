@@ -15,7 +15,6 @@ import hashlib
 import itertools
 import json
 import logging
-import multiprocessing
 import os
 import random
 import shutil
@@ -23,8 +22,9 @@ import signal
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
-from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ __all__ = [
     "BadInputError",
     "ConvertOptions",
     "ConvertResult",
+    "WorkerDiedError",
     "convert_folder",
     "default_workers",
 ]
@@ -125,6 +126,10 @@ class BadInputError(ValueError):
     """A source file could not be converted and ``on_error="fail"`` stops the run."""
 
 
+class WorkerDiedError(OSError):
+    """A worker process died (killed, out of memory): the run stops, resumable."""
+
+
 @dataclass
 class ConvertResult:
     """The outcome of a conversion, as the summary line and the manifest report it."""
@@ -156,7 +161,7 @@ _worker_state: dict[str, Any] = {}
 def _init_worker(src: str, transform: Transform, max_pixels: int | None) -> None:
     torch.set_num_threads(1)  # parallelism comes from the worker processes
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # how Pool.terminate() stops a worker
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler: stop when told
     _die_with_parent()
     if max_pixels is not None:
         Image.MAX_IMAGE_PIXELS = max_pixels
@@ -203,26 +208,35 @@ def _prepared_stream(
         return
     chunk = max(1, min(16, len(relpaths) // (workers * 8)))
     chunks = (relpaths[i : i + chunk] for i in range(0, len(relpaths), chunk))
-    pool = multiprocessing.Pool(workers, _init_worker, (str(src), transform, max_pixels))
+    pool = ProcessPoolExecutor(
+        workers, initializer=_init_worker, initargs=(str(src), transform, max_pixels)
+    )
     try:
-        # A bounded window of chunks in flight, not Pool.imap: stopping early (an error,
-        # Ctrl-C) then only waits for those, and never needs Pool.terminate(), which can
-        # deadlock when it kills a worker in the middle of sending a result.
-        in_flight: deque[AsyncResult] = deque()
+        # A bounded window of chunks in flight: memory stays flat whatever the folder size,
+        # stopping early (an error, Ctrl-C) only waits for those, and a worker that dies
+        # (the OOM killer) fails the run instead of hanging it, as Pool.imap would.
+        in_flight: deque[Future[list[Prepared | str]]] = deque()
         for part in itertools.islice(chunks, 4 * workers):
-            in_flight.append(pool.map_async(_prepare_one, part, chunksize=len(part)))
+            in_flight.append(pool.submit(_prepare_chunk, part))
+        done = 0
         while in_flight:
-            results = in_flight.popleft().get()
+            try:
+                results = in_flight.popleft().result()
+            except BrokenProcessPool as e:
+                raise WorkerDiedError(
+                    f"a worker process died while preparing {relpaths[done]} or the files "
+                    "after it (killed, or out of memory?): rerun with --resume"
+                ) from e
             for part in itertools.islice(chunks, 1):
-                in_flight.append(pool.map_async(_prepare_one, part, chunksize=len(part)))
+                in_flight.append(pool.submit(_prepare_chunk, part))
+            done += len(results)
             yield from results
     finally:
-        pool.close()
-        try:
-            pool.join()  # the chunks in flight finish: a fraction of a second
-        except KeyboardInterrupt:  # a second Ctrl-C: stop them now
-            pool.terminate()
-            raise
+        pool.shutdown(wait=True, cancel_futures=True)  # waits for the chunks running now
+
+
+def _prepare_chunk(relpaths: list[str]) -> list[Prepared | str]:
+    return [_prepare_one(relpath) for relpath in relpaths]
 
 
 # --- the job ------------------------------------------------------------------------------

@@ -150,6 +150,23 @@ def test_resume_after_sigkill_mid_shard_equals_an_uninterrupted_run(
     assert_same_as_reference(dst, ref_manifest, ref_shards)
 
 
+def test_a_worker_killed_mid_run_stops_the_run_resumably_instead_of_hanging(
+    source, reference, tmp_path
+):
+    ref_manifest, ref_shards = reference("lmdb")
+    dst = tmp_path / "dst"
+    with start_cli(source, dst, "lmdb") as process:
+        wait_for_shards(process, dst, 1)
+        os.kill(children(process.pid)[0], signal.SIGKILL)  # as the OOM killer does
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1, stderr
+    assert "worker process died" in stderr and "--resume" in stderr
+    assert "Traceback" not in stderr
+    done = run_cli(source, dst, "lmdb", "--resume")
+    assert done.returncode == 0, done.stderr
+    assert_same_as_reference(dst, ref_manifest, ref_shards)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_or_sigterm_exits_cleanly_saying_how_to_resume(source, reference, sig, tmp_path):
     ref_manifest, ref_shards = reference("wds")
