@@ -297,7 +297,7 @@ def convert_folder(
         random.Random(options.seed).shuffle(order)
         samples = [samples[i] for i in order]
     if on_error == "fail" and scan.problems:
-        raise _bad_input(scan.problems[0], dst, resumable=False)
+        raise _bad_input(scan.problems[0], resumable=False)
     header = {
         "options": json.loads(json.dumps(asdict(options))),
         "source_fingerprint": source_fingerprint(samples),
@@ -321,7 +321,7 @@ def _files_of(entries: list[ShardEntry]) -> list[str]:
     return [e.shard.path + s for e in entries for s in ["", *e.shard.sidecars]]
 
 
-def _bad_input(error: dict[str, str], dst: Path, resumable: bool) -> BadInputError:
+def _bad_input(error: dict[str, str], resumable: bool) -> BadInputError:
     how = "rerun with --resume" if resumable else "rerun"
     return BadInputError(
         f"{error['error']} [stopped by --on-error fail: fix or remove {error['path']} and "
@@ -380,7 +380,7 @@ def _run(
                 if isinstance(prepared, str):
                     error = {"path": sample.relpath, "error": prepared}
                     if on_error == "fail":
-                        raise _bad_input(error, dst, resumable=True)
+                        raise _bad_input(error, resumable=True)
                     tally.errors.append(error)
                     fold_sample(source, sample)
                     log.warning("skipped %s", prepared)
