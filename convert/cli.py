@@ -101,7 +101,8 @@ def _fail(ctx: click.Context, error: Exception) -> None:
     "--shard-size",
     type=int,
     metavar="N",
-    help="Samples per shard [default: 10000 for pt and wds; one file for hdf5 and lmdb].",
+    help="Samples per shard [default: 10000 for pt and wds; one file for hdf5 and lmdb, "
+    "which --resume can only redo whole: give long runs a size].",
 )
 @click.option(
     "--shard-bytes",
