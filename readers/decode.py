@@ -231,6 +231,8 @@ def _open_pil(data: bytes) -> ImageFile.ImageFile:
     """``Image.open`` less its decompression-bomb check, which warns (printed, or raised
     under ``-W error``) where ours raises: the same search through Pillow's plugins."""
     fp, prefix = io.BytesIO(data), data[:16]
+    if not all(hasattr(Image, name) for name in ("ID", "OPEN", "preinit", "init")):
+        return Image.open(fp)  # a Pillow without these internals: its own open, and check
     for load_plugins in (Image.preinit, Image.init):
         load_plugins()
         for fmt in tuple(Image.ID):
