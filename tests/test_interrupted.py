@@ -294,3 +294,52 @@ def _inject_enospc(monkeypatch: pytest.MonkeyPatch, fmt: str, after: int) -> Non
             return self.inner.close()
 
     monkeypatch.setitem(writers.WRITERS, fmt, FullDisk)
+
+
+# --- what a resume keeps ---------------------------------------------------------------------
+def test_a_run_killed_twice_resumes_twice_to_the_uninterrupted_result(source, reference, tmp_path):
+    ref_manifest, ref_shards = reference("wds")
+    dst = tmp_path / "dst"
+    for shards in (2, 6):  # the second run is itself a resume, killed further on
+        with start_cli(source, dst, "wds", "--resume") as process:
+            wait_for_shards(process, dst, shards)
+            process.kill()
+    assert completed_shards(dst) >= 6
+    done = run_cli(source, dst, "wds", "--resume")
+    assert done.returncode == 0, done.stderr
+    assert_same_as_reference(dst, ref_manifest, ref_shards)
+
+
+def test_resume_redoes_a_completed_shard_changed_since_and_all_after_it(
+    source, reference, tmp_path, monkeypatch
+):
+    ref_manifest, ref_shards = reference("pt")
+    dst = tmp_path / "dst"
+    _inject_enospc(monkeypatch, "pt", after=4 * SHARD + 3)
+    with pytest.raises(OSError):
+        convert_folder(source, dst, options("pt"), workers=2, progress=False)
+    monkeypatch.undo()
+    damaged = dst / spec.shard_name("pt", 2)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes
+    damaged.write_bytes(data)
+    result = convert_folder(source, dst, options("pt"), workers=2, resume=True, progress=False)
+    assert result.resumed == 2 * SHARD  # shards 0 and 1 kept; 2 and 3 redone
+    assert_same_as_reference(dst, ref_manifest, ref_shards)
+
+
+def test_a_journal_line_torn_by_a_kill_is_ignored_and_its_shard_redone(
+    source, reference, tmp_path, monkeypatch
+):
+    ref_manifest, ref_shards = reference("lmdb")
+    dst = tmp_path / "dst"
+    _inject_enospc(monkeypatch, "lmdb", after=3 * SHARD + 3)
+    with pytest.raises(OSError):
+        convert_folder(source, dst, options("lmdb"), workers=1, progress=False)
+    monkeypatch.undo()
+    journal = dst / spec.JOURNAL_NAME
+    text = journal.read_text(encoding="utf-8")
+    journal.write_text(text[: len(text) - 100], encoding="utf-8")  # the last entry, cut short
+    result = convert_folder(source, dst, options("lmdb"), workers=2, resume=True, progress=False)
+    assert result.resumed == 2 * SHARD
+    assert_same_as_reference(dst, ref_manifest, ref_shards)
