@@ -310,36 +310,36 @@ def test_a_run_killed_twice_resumes_twice_to_the_uninterrupted_result(source, re
     assert_same_as_reference(dst, ref_manifest, ref_shards)
 
 
+def stopped_at_record(source: Path, dst: Path, fmt: str, monkeypatch, record: int) -> None:
+    """An in-process conversion into ``dst`` that fails at its ``record``-th sample."""
+    _inject_enospc(monkeypatch, fmt, after=record)
+    with pytest.raises(OSError):
+        convert_folder(source, dst, options(fmt), workers=2, progress=False)
+    monkeypatch.undo()
+
+
 def test_resume_redoes_a_completed_shard_changed_since_and_all_after_it(
     source, reference, tmp_path, monkeypatch
 ):
-    ref_manifest, ref_shards = reference("pt")
     dst = tmp_path / "dst"
-    _inject_enospc(monkeypatch, "pt", after=4 * SHARD + 3)
-    with pytest.raises(OSError):
-        convert_folder(source, dst, options("pt"), workers=2, progress=False)
-    monkeypatch.undo()
+    stopped_at_record(source, dst, "pt", monkeypatch, 4 * SHARD + 3)
     damaged = dst / spec.shard_name("pt", 2)
     data = bytearray(damaged.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, other bytes
     damaged.write_bytes(data)
     result = convert_folder(source, dst, options("pt"), workers=2, resume=True, progress=False)
     assert result.resumed == 2 * SHARD  # shards 0 and 1 kept; 2 and 3 redone
-    assert_same_as_reference(dst, ref_manifest, ref_shards)
+    assert_same_as_reference(dst, *reference("pt"))
 
 
 def test_a_journal_line_torn_by_a_kill_is_ignored_and_its_shard_redone(
     source, reference, tmp_path, monkeypatch
 ):
-    ref_manifest, ref_shards = reference("lmdb")
     dst = tmp_path / "dst"
-    _inject_enospc(monkeypatch, "lmdb", after=3 * SHARD + 3)
-    with pytest.raises(OSError):
-        convert_folder(source, dst, options("lmdb"), workers=1, progress=False)
-    monkeypatch.undo()
+    stopped_at_record(source, dst, "lmdb", monkeypatch, 3 * SHARD + 3)
     journal = dst / spec.JOURNAL_NAME
     text = journal.read_text(encoding="utf-8")
     journal.write_text(text[: len(text) - 100], encoding="utf-8")  # the last entry, cut short
     result = convert_folder(source, dst, options("lmdb"), workers=2, resume=True, progress=False)
     assert result.resumed == 2 * SHARD
-    assert_same_as_reference(dst, ref_manifest, ref_shards)
+    assert_same_as_reference(dst, *reference("lmdb"))
