@@ -218,7 +218,9 @@ def _parse_manifest(root: Path, path: Path, raw: Any, expect_format: str | None)
             raise bad(f"shard {i}: invalid sample count {info.samples!r}")
         if not isinstance(info.bytes, int) or info.bytes < 0:
             raise bad(f"shard {i}: invalid byte size {info.bytes!r}")
-        if not isinstance(info.sha256, str) or not isinstance(info.sidecars, dict):
+        if not _is_sha256(info.sha256) or not (
+            isinstance(info.sidecars, dict) and all(map(_is_sha256, info.sidecars.values()))
+        ):
             raise bad(f"shard {i}: invalid sha256 or sidecars")
         if not isinstance(info.path, str) or not all(
             _is_confined(info.path + suffix) and "/" not in suffix
@@ -226,6 +228,7 @@ def _parse_manifest(root: Path, path: Path, raw: Any, expect_format: str | None)
         ):
             raise bad(f"shard {i}: path {info.path!r} is not a file inside the dataset folder")
         infos.append(info)
+    _check_summary(raw, bad)
     return Manifest(
         root=root,
         format=fmt,
@@ -235,6 +238,30 @@ def _parse_manifest(root: Path, path: Path, raw: Any, expect_format: str | None)
         shards=tuple(infos),
         raw=raw,
     )
+
+
+def _check_summary(raw: dict[str, Any], bad: Any) -> None:
+    """The manifest's summary fields, when present: counts and checksums of the right kind
+    (readers do not use them, but ``imgpack verify`` and ``info`` do)."""
+    for name in ("num_samples", "written", "skipped"):
+        value = raw.get(name, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad(f"invalid {name} {value!r}")
+    per_class = raw.get("samples_per_class", {})
+    if not isinstance(per_class, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in per_class.items()
+    ):
+        raise bad("samples_per_class must map class names to counts")
+    for name in ("content_sha256", "source_fingerprint"):
+        if name in raw and not _is_sha256(raw[name]):
+            raise bad(f"invalid {name} {raw[name]!r}")
+
+
+def _is_sha256(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in _HEX for c in value)
+
+
+_HEX = frozenset("0123456789abcdef")
 
 
 def _is_confined(rel: str) -> bool:

@@ -199,6 +199,15 @@ BAD_MANIFESTS = {
     "shard-missing-field": (lambda m: m["shards"][0].pop("sha256"), "missing field"),
     "classes-not-strings": (lambda m: m.update(classes=[1, 2]), "classes"),
     "shards-not-a-list": (lambda m: m.update(shards={"path": "x"}), "shards must be a list"),
+    "sha256-not-hex": (lambda m: m["shards"][0].update(sha256="x" * 64), "invalid sha256"),
+    "sidecar-leaves-the-folder": (
+        lambda m: m["shards"][0].update(sidecars={"/../../etc/x": "0" * 64}),
+        "is not a file inside the dataset folder",
+    ),
+    "count-negative": (lambda m: m.update(num_samples=-3), "invalid num_samples -3"),
+    "count-a-string": (lambda m: m.update(skipped="none"), "invalid skipped 'none'"),
+    "per-class-a-list": (lambda m: m.update(samples_per_class=[8, 8]), "samples_per_class"),
+    "content-checksum-short": (lambda m: m.update(content_sha256="abc"), "invalid content_sha256"),
 }
 
 
