@@ -10,6 +10,7 @@ L, LA               gray replicated to the three channels
 P                   the palette colours; transparency (one index or per index) ignored
 RGBA, LA, PA        alpha dropped, not composited over a background
 I;16 (16-bit gray)  scaled to 8 bits by ``>> 8`` (``convert`` would clip at 255)
+I (32-bit integer)  ``>> 8`` when every value fits 16 bits, else ``>> 23``; negatives 0
 1                   0 or 255
 CMYK, YCCK JPEG     RGB, by Pillow (Adobe-inverted files too)
 Orientation 2-8     upright, as ``ImageOps.exif_transpose`` (EXIF, else XMP)
@@ -266,8 +267,11 @@ def pil_to_rgb_array(img: Image.Image, name: str = "") -> np.ndarray:
     """Convert a loaded Pillow image of any mode to a uint8 ``[H, W, 3]`` RGB array."""
     if img.mode in ("I;16", "I;16B", "I;16L", "I"):
         # Pillow's convert("RGB") clips 16-bit values instead of scaling: scale to 8 bits.
-        arr = np.asarray(img, dtype=np.uint32) >> (8 if img.mode != "I" else 24)
-        img = Image.fromarray(arr.astype(np.uint8), "L")
+        # Mode I is a signed 32-bit container, most often of 16-bit data (TIFF): scale by
+        # what the values span (16 or 31 bits), so that such an image does not come out black.
+        arr = np.clip(np.asarray(img, dtype=np.int64), 0, None)
+        shift = 23 if img.mode == "I" and arr.size and arr.max() > 0xFFFF else 8
+        img = Image.fromarray((arr >> shift).astype(np.uint8), "L")
     elif img.mode == "P" and isinstance(img.info.get("transparency"), bytes):
         img = img.convert("RGBA")  # P -> RGB warns about per-index alpha; RGBA -> RGB drops it
     try:

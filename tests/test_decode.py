@@ -411,6 +411,15 @@ def test_16_bit_grayscale_is_scaled_to_8_bits() -> None:
     assert (_pillow_rgb(data) == 255).mean() > 0.9  # what convert("RGB") alone does: clip
 
 
+@pytest.mark.parametrize("bits", [16, 31])
+def test_32_bit_integer_images_are_scaled_by_the_range_they_use(bits) -> None:
+    gray = _gray("chelsea")
+    wide = gray.astype(np.int32) << (bits - 8) | _gray("coffee")  # detail below the top byte
+    data = _encode(Image.fromarray(wide, "I"), "TIFF")
+    assert Image.open(io.BytesIO(data)).mode == "I"
+    np.testing.assert_array_equal(_decode_quietly(data), np.dstack([gray] * 3))
+
+
 def test_bilevel_is_0_or_255() -> None:
     bits = _photo().convert("1")  # dithered
     pixels = _decode_quietly(_encode(bits, "PNG"))
