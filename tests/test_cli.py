@@ -260,6 +260,9 @@ def test_destination_that_is_a_file_is_refused(tmp_path, sample_data):
     assert dst.read_text() == "a file"
 
 
+WDS_48 = ("--format", "wds", "--resize", 48, "--workers", 2)
+
+
 def test_overwrite_replaces_an_earlier_imgpack_dataset(tmp_path, sample_data):
     dst = tmp_path / "dst"
     first = invoke(
@@ -278,18 +281,7 @@ def test_overwrite_replaces_an_earlier_imgpack_dataset(tmp_path, sample_data):
     assert_ok(first)
     assert len(read_manifest(dst)["shards"]) == 4
 
-    second = invoke(
-        "convert",
-        sample_data,
-        dst,
-        "--format",
-        "wds",
-        "--resize",
-        48,
-        "--workers",
-        2,
-        "--overwrite",
-    )
+    second = invoke("convert", sample_data, dst, *WDS_48, "--overwrite")
     assert_ok(second)
     manifest = read_manifest(dst)
     assert manifest["format"] == "wds"
@@ -313,22 +305,9 @@ def test_overwrite_keeps_foreign_files_beside_an_imgpack_dataset(tmp_path, sampl
     # A dataset folder where the user also keeps a file of their own: replacing the
     # dataset must not delete what imgpack did not write.
     dst = tmp_path / "dst"
-    assert_ok(
-        invoke("convert", sample_data, dst, "--format", "wds", "--resize", 48, "--workers", 2)
-    )
+    assert_ok(invoke("convert", sample_data, dst, *WDS_48))
     (dst / "README-my-notes.md").write_text("how I made this dataset")
-    result = invoke(
-        "convert",
-        sample_data,
-        dst,
-        "--format",
-        "wds",
-        "--resize",
-        48,
-        "--workers",
-        2,
-        "--overwrite",
-    )
+    result = invoke("convert", sample_data, dst, *WDS_48, "--overwrite")
     assert (dst / "README-my-notes.md").exists(), (
         "--overwrite deleted a file imgpack did not write\n" + describe(result)
     )
