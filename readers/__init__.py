@@ -1,5 +1,12 @@
 """PyTorch datasets over imgpack folders: pick the backend by path, not by code.
 
+>>> loader = readers.make_loader("/data/imagenet-pt", batch_size=256, num_workers=4)
+>>> for epoch in range(90):
+...     loader.set_epoch(epoch)
+...     for images, labels in loader: ...        # this rank's share, exact and resumable
+
+or, map-style by hand:
+
 >>> ds = readers.open_dataset("/data/imagenet-pt")            # whatever format it holds
 >>> loader = DataLoader(ds, batch_size=256, shuffle=True, collate_fn=readers.collate)
 
@@ -8,23 +15,26 @@ Training code imports this package only; it never pulls in the converter.
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 from readers.base import ImageDataset, SampleBatch, collate
 from readers.decode import decode_image, decoder_name
 from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
+from readers.loader import Loader, make_loader
 from readers.pt import PtDataset
+from readers.registry import DATASETS, open_dataset
+from readers.sampler import EpochSampler
 from readers.spec import DatasetError, Manifest, load_manifest
-from readers.wds import WdsDataset, WdsStream
+from readers.stream import WdsStream
+from readers.wds import WdsDataset
 
 __all__ = [
     "DATASETS",
     "DatasetError",
+    "EpochSampler",
     "Hdf5Dataset",
     "ImageDataset",
     "LmdbDataset",
+    "Loader",
     "Manifest",
     "PtDataset",
     "SampleBatch",
@@ -34,24 +44,8 @@ __all__ = [
     "decode_image",
     "decoder_name",
     "load_manifest",
+    "make_loader",
     "open_dataset",
 ]
 
 __version__ = "0.1.0"
-
-DATASETS: dict[str, type[ImageDataset]] = {
-    "pt": PtDataset,
-    "hdf5": Hdf5Dataset,
-    "lmdb": LmdbDataset,
-    "wds": WdsDataset,
-}
-
-
-def open_dataset(root: str | os.PathLike[str], **kwargs: Any) -> ImageDataset:
-    """Open the imgpack dataset at ``root`` with the map-style reader its manifest names.
-
-    Keyword arguments go to the dataset class (``transform``, ``decode_threads``). For
-    streaming reads of ``wds`` tars use :class:`WdsStream` directly.
-    """
-    manifest = load_manifest(root)
-    return DATASETS[manifest.format](root, **kwargs)

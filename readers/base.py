@@ -237,7 +237,11 @@ class ImageDataset(Dataset):
         return [first, *(batch[i + 1] if m is None else m for i, m in enumerate(misfits))]
 
     def _load(self, shard: int, local: int) -> Any:
-        image = self._to_tensor(self._shard(shard).read(local), shard, local)
+        return self._decode(self._shard(shard).read(local), shard, local)
+
+    def _decode(self, value: Any, shard: int, local: int) -> Any:
+        """A stored value of local sample ``local`` of ``shard`` as the image it serves."""
+        image = self._to_tensor(value, shard, local)
         return self.transform(image) if self.transform is not None else image
 
     def _to_tensor(self, value: Any, shard: int, local: int) -> torch.Tensor:

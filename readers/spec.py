@@ -142,8 +142,11 @@ class Manifest:
 
 
 def load_manifest(root: str | os.PathLike[str], expect_format: str | None = None) -> Manifest:
-    """Read and validate ``root/imgpack.json``; raise DatasetError naming the file if bad."""
-    root = Path(root)
+    """Read and validate ``root/imgpack.json``; raise DatasetError naming the file if bad.
+
+    A relative ``root`` is made absolute here, so the dataset keeps working after
+    ``os.chdir`` (Hydra changes the directory of each run)."""
+    root = Path(root).absolute()
     path = root / MANIFEST_NAME
     if not root.exists():
         raise DatasetError(f"{root}: no such dataset folder")

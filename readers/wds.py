@@ -1,43 +1,32 @@
-"""Readers for ``wds`` (WebDataset) tar shards: random access by index, and streaming.
+"""Reader for ``wds`` (WebDataset) tar shards: random access through each tar's index.
 
 On-disk layout (names in ``readers.spec``): standard WebDataset tars ``shard-NNNNNN.tar``
 whose members are ``KEY.<ext>`` (``jpg``/``png``/... encoded image, or ``npy`` raw pixels),
 ``KEY.cls`` (label, ASCII digits) and ``KEY.path.txt`` (source path), KEY being the
 10-digit sample index. Beside each tar, ``shard-NNNNNN.tar.idx.json`` lists per sample the
 data offset and size of its image member, the extension, label and path: with it the same
-tars serve ``WdsDataset[i]`` by one ``pread``, while :class:`WdsStream` reads them
-sequentially through the ``webdataset`` library (shard and buffer shuffle, worker and rank
-split). Only the extensions above are accepted; anything else (``.pyd``, ``.pickle``) is
-refused, never decoded.
+tars serve ``WdsDataset[i]`` by one ``pread``, and :class:`readers.WdsStream` reads them
+in ascending passes. Only the index's members are read, and it accepts only the image
+extensions above: anything else in a tar (``.pyd``, ``.pickle``) is never read, let alone
+decoded. Any WebDataset pipeline reads the same tars.
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
-import random
-import tarfile
-from collections.abc import Iterator
-from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
-import webdataset
-from torch.utils.data import IterableDataset
-from webdataset.tariterators import group_by_keys, tar_file_expander
-from webdataset.utils import pytorch_worker_info
 
 from readers import spec
-from readers.base import ImageDataset, Transform
-from readers.decode import decode_image
-from readers.spec import DatasetError, Manifest, ShardInfo, load_manifest
+from readers.base import ImageDataset
+from readers.spec import DatasetError
 
-__all__ = ["WdsDataset", "WdsStream", "read_index"]
+__all__ = ["WdsDataset", "read_index"]
 
-_ALLOWED_EXTS = frozenset((*spec.WDS_IMAGE_EXTS, spec.WDS_LABEL_EXT, spec.WDS_PATH_EXT))
 _INDEX_COLUMNS = ("offsets", "sizes", "exts", "labels", "paths")
 
 
@@ -131,129 +120,3 @@ class WdsDataset(ImageDataset):
 
     def open_shard(self, index: int) -> WdsShard:
         return WdsShard(str(self.manifest.shard_path(index)))
-
-
-def sample_to_item(sample: dict[str, Any], transform: Transform | None) -> tuple[Any, int]:
-    """Turn one webdataset sample dict (raw bytes per extension) into ``(image, label)``.
-
-    Only imgpack's extensions are accepted: decoding never runs code from the data.
-    """
-    name = f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}"
-    fields = {k for k in sample if not k.startswith("__")}
-    unknown = fields - _ALLOWED_EXTS
-    if unknown:
-        raise DatasetError(f"{name}: refusing member(s) {sorted(unknown)} (not imgpack fields)")
-    image_exts = [e for e in spec.WDS_IMAGE_EXTS if e in sample]
-    if len(image_exts) != 1 or spec.WDS_LABEL_EXT not in sample:
-        raise DatasetError(f"{name}: expected one image member and a .cls member")
-    data = sample[image_exts[0]]
-    if image_exts[0] == spec.WDS_RAW_EXT:
-        pixels = _npy_to_array(data, name)
-    else:
-        pixels = decode_image(data, name)
-    image = torch.from_numpy(pixels).permute(2, 0, 1)
-    if transform is not None:
-        image = transform(image)
-    return image, int(sample[spec.WDS_LABEL_EXT])
-
-
-class WdsStream(IterableDataset):
-    """Streaming reader over imgpack tars, built on the ``webdataset`` library.
-
-    Each epoch the shard list is shuffled with ``seed + epoch`` (the same order on every
-    rank), split across ranks (``torch.distributed``) and DataLoader workers, and samples go
-    through a shuffle buffer of ``shuffle_buffer`` samples (0: stored order, no shuffling).
-    Use ``num_workers`` no larger than the number of shards, or some workers get nothing.
-
-    Args:
-        root: the dataset folder (the one holding ``imgpack.json``).
-        transform: applied to each ``[3, H, W]`` uint8 image tensor.
-        shuffle_buffer: samples held for shuffling; 0 disables both shuffles.
-        seed: base seed of the shard and sample shuffles.
-    """
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        transform: Transform | None = None,
-        shuffle_buffer: int = 1000,
-        seed: int = 0,
-    ) -> None:
-        self.manifest: Manifest = load_manifest(root, expect_format="wds")
-        self.transform = transform
-        self.shuffle_buffer = shuffle_buffer
-        self.seed = seed
-        self.epoch = 0
-
-    @property
-    def classes(self) -> list[str]:
-        return list(self.manifest.classes)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle differently in each epoch (call before iterating, on every rank)."""
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.manifest.num_samples
-
-    def __iter__(self) -> Iterator[tuple[Any, int]]:
-        urls = [str(self.manifest.shard_path(i)) for i in range(len(self.manifest.shards))]
-        shards = dict(zip(urls, self.manifest.shards, strict=True))  # before any shuffle
-        rank, _, worker, _ = pytorch_worker_info()
-        stages: list[Any] = []
-        if self.shuffle_buffer > 0:
-            # The same shard order on every rank and worker, then each takes its share.
-            random.Random(self.seed + self.epoch).shuffle(urls)
-            rng = random.Random(f"{self.seed}/{self.epoch}/{rank}/{worker}")
-            stages = [webdataset.shuffle(self.shuffle_buffer, rng=rng)]
-        pipeline = webdataset.DataPipeline(
-            webdataset.SimpleShardList(urls),
-            webdataset.split_by_node,
-            webdataset.split_by_worker,
-            partial(_tar_samples, shards=shards),
-            *stages,
-        )
-        samples = iter(pipeline)
-        with contextlib.closing(samples):  # on an error too: the open tar closes now
-            for sample in samples:
-                yield sample_to_item(sample, self.transform)
-
-
-def _tar_samples(
-    urls: Iterator[dict[str, Any]], shards: dict[str, ShardInfo]
-) -> Iterator[dict[str, Any]]:
-    """webdataset's tar expansion and grouping, on files this stage opens and closes, held
-    to what the manifest (``shards``, by path) says: a tar of another size, a member name
-    that is a path, or a tar that ends early is a DatasetError naming the tar, never a
-    silently shorter epoch (tarfile takes a cut at a member boundary for the end)."""
-    for item in urls:
-        url, expected = item["url"], shards[item["url"]]
-        with open(url, "rb") as stream:
-            size = os.fstat(stream.fileno()).st_size
-            if size != expected.bytes:
-                raise DatasetError(
-                    f"{url}: shard is {size} bytes but the manifest says {expected.bytes}: "
-                    "truncated or modified since the conversion (run imgpack verify)"
-                )
-            members = tar_file_expander([{"url": url, "stream": stream}])
-            count = 0
-            try:
-                for sample in group_by_keys(_plain_members(members, url)):
-                    count += 1
-                    yield sample
-            except tarfile.TarError as e:  # webdataset appends the stream to the message
-                raise DatasetError(f"{url}: damaged tar: {e.args[0] if e.args else e}") from e
-        if count != expected.samples:
-            raise DatasetError(
-                f"{url}: holds {count} samples but the manifest says {expected.samples}"
-            )
-
-
-def _plain_members(members: Iterator[dict[str, Any]], url: str) -> Iterator[dict[str, Any]]:
-    """Refuse any member name that is a path (``/etc/x.jpg``, ``../x.jpg``): imgpack writes
-    only ``KEY.ext``. Nothing is ever extracted, but such a tar is not one of ours."""
-    for member in members:
-        name = member.get("fname")
-        if name is not None and ("/" in name or "\\" in name):
-            raise DatasetError(f"{url}: refusing member {name!r}: not a plain KEY.ext name")
-        yield member

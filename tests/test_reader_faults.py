@@ -244,14 +244,14 @@ def test_wds_stream_over_a_truncated_tar_fails_naming_it_before_any_of_its_sampl
 def test_wds_stream_over_a_tar_cut_at_a_member_boundary_fails_instead_of_ending_early(
     converted, tmp_path
 ):
-    # tarfile takes a clean cut between members for the end of the archive: the size check
-    # is passed here (manifest fixed up) to show the sample count still catches it.
+    # A clean cut between members reads as a shorter tar to tarfile: the size check is
+    # passed here (manifest fixed up) to show the index check still catches it.
     root = copy_dataset(converted("wds", "jpeg"), tmp_path)
     shard = readers.load_manifest(root).shard_path(0)
     with tarfile.open(shard) as tar:
         cut = tar.getmembers()[3 * 5].offset  # the header of sample 5's first member
     replace_shard(root, 0, shard.read_bytes()[:cut])
-    with pytest.raises(readers.DatasetError, match=rf"{re.escape(str(shard))}: holds 5 "):
+    with pytest.raises(readers.DatasetError, match=rf"{re.escape(str(shard))}.*not inside"):
         list(readers.WdsStream(root, shuffle_buffer=0))
 
 
@@ -300,9 +300,7 @@ def test_flipped_byte_in_a_jpeg_sample_decodes_damaged_or_fails_naming_the_sampl
 
 # --- hand-made tars and indexes -------------------------------------------------------------
 @pytest.mark.parametrize("name", ["/etc/x.jpg", "../x.jpg", "a/../../x.jpg"])
-def test_wds_stream_refuses_a_member_named_as_a_path_and_writes_nothing(
-    converted, tmp_path, monkeypatch, name
-):
+def test_wds_readers_never_extract_a_member_named_as_a_path(converted, tmp_path, monkeypatch, name):
     root = copy_dataset(converted("wds", "jpeg"), tmp_path)
     shard = readers.load_manifest(root).shard_path(0)
     replace_shard(root, 0, rename_first_member(shard, name))
@@ -312,9 +310,11 @@ def test_wds_stream_refuses_a_member_named_as_a_path_and_writes_nothing(
     workdir.mkdir()
     monkeypatch.chdir(workdir)
     before = files_below(tmp_path)
-    with pytest.raises(readers.DatasetError) as info:
-        list(readers.WdsStream(root, shuffle_buffer=0))
-    assert str(shard) in str(info.value) and repr(name) in str(info.value)
+    # Both readers go by the index (offsets of image members): names are never used.
+    streamed = list(readers.WdsStream(root, shuffle_buffer=0))
+    ds = readers.open_dataset(root)
+    assert len(streamed) == len(ds)
+    assert torch.equal(streamed[0][0], ds[0][0])
     assert files_below(tmp_path) == before
     assert not Path("/etc/x.jpg").exists()
 
@@ -343,16 +343,15 @@ def with_pickle_member(tar_path: Path, target: Path) -> bytes:
     return out.getvalue()
 
 
-def test_wds_readers_refuse_a_pickle_member_and_never_run_it(converted, tmp_path):
+def test_wds_readers_never_read_a_pickle_member(converted, tmp_path):
     root = copy_dataset(converted("wds", "jpeg"), tmp_path)
     target = tmp_path / "payload-ran"
     shard = replace_shard(
         root, 0, with_pickle_member(readers.load_manifest(root).shard_path(0), target)
     )
-    with pytest.raises(readers.DatasetError, match=r"refusing member\(s\) \['pyd'\]"):
-        list(readers.WdsStream(root, shuffle_buffer=0))
-    # The random-access reader goes by its index, to the image members only.
+    # Both readers go by the index, which lists image members only.
     ds = readers.open_dataset(root)
+    assert len(list(readers.WdsStream(root, shuffle_buffer=0))) == len(ds)
     assert len([ds[i] for i in range(ds.manifest.shards[0].samples)]) > 0
     assert not target.exists()
     with tarfile.open(shard) as tar:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import warnings
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -248,7 +249,8 @@ def test_pickle_after_use_carries_no_handle(converted, fmt: str, case: str) -> N
 # --- the streaming reader --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def wds_root(converted) -> Path:
-    root = converted("wds", "raw-fixed", shard_size=4)
+    """Converted with --shuffle, as streaming wants (stored order mixes the classes)."""
+    root = converted("wds", "raw-fixed", shard_size=4, shuffle=True, seed=1)
     assert len(readers.load_manifest(root).shards) == 8
     return root
 
@@ -285,12 +287,22 @@ def test_wds_stream_yields_every_sample_once_per_epoch(wds_root: Path, workers: 
     assert batch_checksums(loader) == expected
 
 
-def test_wds_stream_without_shuffle_reads_in_stored_order(wds_root: Path) -> None:
-    expected = stored_order(wds_root)
-    stream = readers.WdsStream(wds_root, shuffle_buffer=0)
+def test_wds_stream_without_shuffle_reads_in_stored_order(converted) -> None:
+    root = converted("wds", "raw-fixed", shard_size=4)
+    expected = stored_order(root)
+    stream = readers.WdsStream(root, shuffle_buffer=0)  # no warning: nothing to shuffle
     assert stream_checksums(stream, num_workers=0) == expected
     # labels are ImageFolder's: 8 of each class, in class order
     assert [label for label, _, _ in expected] == [c for c in range(4) for _ in range(8)]
+
+
+def test_wds_stream_warns_once_when_the_dataset_was_converted_without_shuffle(converted):
+    root = converted("wds", "raw-fixed", shard_size=4)
+    with pytest.warns(UserWarning, match=r"converted without --shuffle.*--shuffle"):
+        readers.WdsStream(root, shuffle_buffer=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        readers.WdsStream(root, shuffle_buffer=16)  # once per dataset and process
 
 
 def test_wds_stream_set_epoch_changes_the_order(wds_root: Path) -> None:

@@ -1,0 +1,218 @@
+"""``make_loader``: the right DataLoader for any imgpack dataset, on one process or many.
+
+It picks :class:`readers.EpochSampler` for the map-style readers or :class:`readers.WdsStream`
+for streaming, places the process by ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``, or
+explicit arguments), and wraps the DataLoader in a :class:`Loader` that counts the batches
+it hands out, so that ``state_dict()`` says exactly where the epoch stands on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from readers.base import ImageDataset, Transform, collate
+from readers.plan import EpochState, Split, resolve_rank
+from readers.registry import open_dataset
+from readers.sampler import EpochSampler
+from readers.spec import load_manifest
+from readers.stream import WdsStream
+
+__all__ = ["Loader", "make_loader"]
+
+_OWN_ARGUMENTS = ("sampler", "batch_sampler", "shuffle")
+
+
+class Loader:
+    """A DataLoader over an imgpack dataset with exact epochs and mid-epoch resume.
+
+    Iterate it for this rank's batches of one epoch; ``len()`` is their number, the same on
+    every rank and known before the epoch starts. A finished pass moves on to the next
+    epoch by itself; :meth:`set_epoch` picks one explicitly. :meth:`state_dict` is small
+    and JSON-ready; :meth:`load_state_dict` continues the epoch it describes, with the same
+    or another world size, without reading what was already consumed.
+    """
+
+    def __init__(
+        self,
+        source: EpochSampler | WdsStream,
+        make_dataloader: Callable[[], DataLoader],
+        reader_workers: int,
+    ) -> None:
+        self.source = source
+        self._make_dataloader = make_dataloader
+        self.dataloader = make_dataloader()
+        self._reader_workers = reader_workers  # processes that each read a share (stream)
+        self._state = EpochState.start(0, source.seed, source.num_samples)
+        self._split: Split | None = None  # of the iteration in progress
+        self._batches = 0  # yielded by it
+        self._generation = 0  # bumped to detach an abandoned iterator
+
+    @property
+    def dataset(self) -> Any:
+        return self.dataloader.dataset
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next (or current) iteration reads."""
+        return self._current().epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read ``epoch`` next, from its start; keeps a loaded state of the same epoch."""
+        if epoch != self._current().epoch:
+            self._restart(EpochState.start(epoch, self.source.seed, self.source.num_samples))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, seed, samples consumed, world size and the position ranges left."""
+        return self._current().state_dict(self.source.world_size)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the rest of its epoch on this world size, then onwards."""
+        self._restart(EpochState.from_dict(state, self.source.num_samples, self.source.seed))
+
+    def __len__(self) -> int:
+        return self.source.split(self._current(), self._reader_workers).batches
+
+    def __iter__(self) -> Iterator[Any]:
+        state = self._current()
+        self._start_source(state)
+        split = self.source.split(state, self._reader_workers)
+        self._generation += 1
+        generation = self._generation
+        self._state, self._split, self._batches = state, split, 0
+        for batch in self.dataloader:
+            if generation == self._generation:
+                self._batches += 1
+            yield batch
+        if generation == self._generation:
+            if self._batches != split.batches:
+                raise RuntimeError(
+                    f"the DataLoader yielded {self._batches} batches where the epoch plan "
+                    f"has {split.batches}: was the dataset or sampler replaced?"
+                )
+            self._state, self._split, self._batches = self._current(), None, 0
+
+    # --- internals ----------------------------------------------------------------------
+    def _current(self) -> EpochState:
+        if self._split is None:
+            return self._state
+        return self._state.advanced(self._split, self._split.consumed(self._batches))
+
+    def _restart(self, state: EpochState) -> None:
+        self._state, self._split, self._batches = state, None, 0
+        self._generation += 1
+
+    def _start_source(self, state: EpochState) -> None:
+        """Hand ``state`` to the sampler or stream before the DataLoader iterates."""
+        if state.fresh:
+            self.source.set_epoch(state.epoch)
+        if self.source.epoch_state != state:
+            self.source.load_state_dict(state.state_dict(self.source.world_size))
+            if isinstance(self.source, WdsStream) and self.dataloader.persistent_workers:
+                self.dataloader = self._make_dataloader()  # running workers hold a copy
+
+
+def make_loader(
+    path: str | os.PathLike[str] | ImageDataset,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_workers: int = 0,
+    distributed: bool | None = None,
+    drop_last: bool = False,
+    stream: bool = False,
+    shuffle_buffer: int = 1000,
+    transform: Transform | None = None,
+    decode_threads: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    **dataloader_kwargs: Any,
+) -> Loader:
+    """Build a :class:`Loader` for the imgpack dataset at ``path`` (any format).
+
+    Args:
+        path: a dataset folder, or a map-style dataset already opened.
+        batch_size: samples per batch on each rank.
+        shuffle: a new seeded order every epoch (the same on every rank).
+        seed: base of every epoch's order; use the same on every rank.
+        num_workers: DataLoader worker processes.
+        distributed: ``None`` splits the data when ``torch.distributed`` (or
+            ``RANK``/``WORLD_SIZE``, or ``rank=``/``world_size=``) says there are several
+            processes; ``True`` requires that; ``False`` gives every process everything.
+        drop_last: drop what does not divide evenly (at most ``world_size - 1`` samples, and
+            each rank's short last batch) instead of repeating up to ``world_size - 1``
+            samples so that every sample is read.
+        stream: read a ``wds`` dataset with :class:`WdsStream` (sequential passes, for slow
+            or remote storage) instead of by random access.
+        shuffle_buffer: the stream's shuffle window, in samples.
+        transform, decode_threads: passed to the dataset (see :class:`ImageDataset`).
+        rank, world_size: explicit placement, overriding what the process can see.
+        **dataloader_kwargs: anything else ``DataLoader`` takes (``pin_memory``,
+            ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``...);
+            ``collate_fn`` defaults to :func:`readers.collate`.
+    """
+    taken = [name for name in _OWN_ARGUMENTS if name in dataloader_kwargs]
+    if taken:
+        raise ValueError(f"make_loader chooses {', '.join(taken)} itself; do not pass it")
+    rank, world_size = _placement(distributed, rank, world_size)
+    dataloader_kwargs.setdefault("collate_fn", collate)
+    source: EpochSampler | WdsStream
+    if stream:
+        root = path.root if isinstance(path, ImageDataset) else path
+        if load_manifest(root).format != "wds":
+            raise ValueError(f"{root}: stream=True reads wds datasets only")
+        source = WdsStream(
+            root,
+            transform=transform,
+            shuffle_buffer=shuffle_buffer if shuffle else 0,
+            seed=seed,
+            batch_size=batch_size,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+        )
+        dataset: Any = source
+        sampler = None
+    else:
+        if isinstance(path, ImageDataset):
+            dataset = path
+        else:
+            dataset = open_dataset(path, transform=transform, decode_threads=decode_threads)
+        source = sampler = EpochSampler(
+            dataset,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            batch_size=batch_size,
+            rank=rank,
+            world_size=world_size,
+        )
+
+    def make_dataloader() -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=num_workers,
+            **dataloader_kwargs,
+        )
+
+    return Loader(source, make_dataloader, num_workers if stream and num_workers else 1)
+
+
+def _placement(
+    distributed: bool | None, rank: int | None, world_size: int | None
+) -> tuple[int, int]:
+    if distributed is False:
+        return 0, 1
+    placed = resolve_rank(rank, world_size)
+    if distributed and rank is None and placed == (0, 1) and "WORLD_SIZE" not in os.environ:
+        raise ValueError(
+            "distributed=True but torch.distributed is not initialised and neither "
+            "RANK/WORLD_SIZE nor rank=/world_size= are set"
+        )
+    return placed

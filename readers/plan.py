@@ -1,0 +1,329 @@
+"""Who reads what in an epoch, and where an interrupted epoch goes on: exact, elastic splits.
+
+The rule, shared by the map-style sampler and the stream:
+
+* An epoch's **order** is a sequence of positions ``0 .. N-1``, each naming one sample; it
+  depends only on the dataset, the seed and the epoch (never on ranks or workers).
+* What is still to be read is a list of position **ranges** (``[start, stop)``), the whole
+  epoch ``[(0, N)]`` at its start. A checkpoint stores that list.
+* Ranks take **equal, contiguous slices** of the concatenated ranges: rank ``r`` of ``W``
+  gets the ``r``-th slice of ``L`` positions. With ``drop_last`` ``L = T // W`` (at most
+  ``W - 1`` samples dropped); otherwise ``L = ceil(T / W)`` and the slices wrap round to
+  the start, repeating at most ``W - 1`` samples, as ``DistributedSampler`` pads.
+* Inside a rank, DataLoader workers of a stream take contiguous runs of whole batches and
+  the DataLoader yields one batch of each in turn, so exactly one batch is short.
+
+Because every rank yields the same number of batches, any rank can tell which positions
+every rank has consumed after ``k`` batches; a resumed run, with any world size, splits
+the rest the same way. Nothing here touches the data: resuming costs O(ranks x workers).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "BlockOrder",
+    "EpochState",
+    "Ranges",
+    "Split",
+    "epoch_permutation",
+    "resolve_rank",
+    "take",
+]
+
+Ranges = tuple[tuple[int, int], ...]
+
+STATE_VERSION = 1
+
+
+def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """``(rank, world_size)`` of this training process: explicit arguments first, then an
+    initialised ``torch.distributed`` group, then ``RANK``/``WORLD_SIZE``, else ``(0, 1)``.
+
+    Call it in the training process, never inside a DataLoader worker: a worker started
+    with ``spawn`` has neither the process group nor (under ``mp.spawn``) the variables.
+    """
+    if (rank is None) != (world_size is None):
+        raise ValueError("pass both rank= and world_size=, or neither")
+    if rank is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        elif "WORLD_SIZE" in os.environ:
+            rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
+        else:
+            rank, world_size = 0, 1
+    if world_size is None or world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+    return rank, world_size
+
+
+def total(ranges: Sequence[tuple[int, int]]) -> int:
+    return sum(stop - start for start, stop in ranges)
+
+
+def take(ranges: Sequence[tuple[int, int]], start: int, count: int) -> Ranges:
+    """Positions ``[start, start + count)`` of the concatenated ``ranges``, as ranges;
+    past the end it wraps round to the beginning (padding)."""
+    size = total(ranges)
+    out: list[tuple[int, int]] = []
+    while count > 0:
+        if size == 0:
+            raise ValueError("cannot take samples from an empty epoch")
+        skip, left = start % size, count
+        for lo, hi in ranges:
+            length = hi - lo
+            if skip >= length:
+                skip -= length
+                continue
+            n = min(length - skip, left)
+            out.append((lo + skip, lo + skip + n))
+            skip, left = 0, left - n
+            if left == 0:
+                break
+        start, count = start + (count - left), left
+    return _merge_adjacent(out)
+
+
+def subtract(ranges: Sequence[tuple[int, int]], minus: Sequence[tuple[int, int]]) -> Ranges:
+    """``ranges`` without any position in ``minus``, keeping the order of ``ranges``."""
+    cuts = sorted(minus)
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        pieces = [(lo, hi)]
+        for c_lo, c_hi in cuts:
+            if c_hi <= lo or c_lo >= hi:
+                continue
+            pieces = [
+                part
+                for p_lo, p_hi in pieces
+                for part in ((p_lo, min(p_hi, c_lo)), (max(p_lo, c_hi), p_hi))
+                if part[0] < part[1]
+            ]
+        out.extend(pieces)
+    return _merge_adjacent(out)
+
+
+def positions(ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Every position of ``ranges``, in order, as an int64 array."""
+    if not ranges:
+        return np.empty(0, np.int64)
+    return np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
+
+
+def _merge_adjacent(ranges: list[tuple[int, int]]) -> Ranges:
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class EpochState:
+    """Where a run stands: the epoch, its seed and the positions not yet read by any rank.
+
+    ``state_dict()``/``from_dict`` give the small JSON-ready dict checkpoints store.
+    """
+
+    epoch: int
+    seed: int
+    num_samples: int
+    remaining: Ranges
+
+    @classmethod
+    def start(cls, epoch: int, seed: int, num_samples: int) -> EpochState:
+        return cls(epoch, seed, num_samples, ((0, num_samples),) if num_samples else ())
+
+    @property
+    def fresh(self) -> bool:
+        """True when nothing of this epoch has been read yet."""
+        return total(self.remaining) == self.num_samples
+
+    def advanced(self, split: Split, consumed: Ranges) -> EpochState:
+        """This state once ``consumed`` (from ``split``) is read: the next epoch's start
+        once every rank has had its whole slice."""
+        left = split.after(consumed)
+        if not left:
+            return EpochState.start(self.epoch + 1, self.seed, self.num_samples)
+        return EpochState(self.epoch, self.seed, self.num_samples, left)
+
+    def state_dict(self, world_size: int) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "num_samples": self.num_samples,
+            "samples_consumed": self.num_samples - total(self.remaining),
+            "world_size": world_size,
+            "remaining": [list(r) for r in self.remaining],
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any], num_samples: int, seed: int) -> EpochState:
+        """Check a stored state against this dataset and seed; ValueError names the field."""
+        try:
+            version, epoch = state["version"], state["epoch"]
+            stored_n, stored_seed = state["num_samples"], state["seed"]
+            remaining = tuple((int(lo), int(hi)) for lo, hi in state["remaining"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not an imgpack loader state: {e!r}") from None
+        if version != STATE_VERSION:
+            raise ValueError(f"loader state version {version!r}, expected {STATE_VERSION}")
+        if stored_n != num_samples:
+            raise ValueError(
+                f"loader state is for {stored_n} samples, this dataset has {num_samples}"
+            )
+        if stored_seed != seed:
+            raise ValueError(f"loader state has seed {stored_seed}, this loader {seed}")
+        if not all(0 <= lo < hi <= num_samples for lo, hi in remaining):
+            raise ValueError("loader state has ranges outside the epoch")
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"loader state has an invalid epoch {epoch!r}")
+        return cls(epoch, seed, num_samples, remaining)
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one epoch's remaining positions are dealt to ranks, workers and batches.
+
+    ``num_workers`` is the number of DataLoader workers that each read their own part (a
+    stream); a map-style sampler feeds the workers from the main process, so it uses 1.
+    """
+
+    remaining: Ranges
+    world_size: int
+    drop_last: bool
+    batch_size: int = 1
+    num_workers: int = 1
+
+    @property
+    def per_rank(self) -> int:
+        """Samples every rank yields this epoch (after dropping a short last batch)."""
+        left = total(self.remaining)
+        count = left // self.world_size if self.drop_last else -(-left // self.world_size)
+        if self.drop_last:
+            count -= count % self.batch_size
+        return count
+
+    @property
+    def batches(self) -> int:
+        return -(-self.per_rank // self.batch_size)
+
+    def rank_ranges(self, rank: int) -> Ranges:
+        """The positions rank ``rank`` yields, in the order of its slice."""
+        if not self.remaining:
+            return ()
+        return take(self.remaining, rank * self.per_rank, self.per_rank)
+
+    def worker_spans(self) -> list[tuple[int, int]]:
+        """Per worker, ``[start, stop)`` offsets into its rank's slice: contiguous whole
+        batches, earlier workers holding the one extra batch when they do not divide."""
+        q, extra = divmod(self.batches, self.num_workers)
+        spans, first = [], 0
+        for k in range(self.num_workers):
+            count = q + (k < extra)
+            spans.append(
+                (first * self.batch_size, min((first + count) * self.batch_size, self.per_rank))
+            )
+            first += count
+        return spans
+
+    def consumed(self, batches: int) -> Ranges:
+        """Positions that every rank together has yielded after ``batches`` batches each:
+        the DataLoader takes one batch from each worker in turn."""
+        spans = self.worker_spans()
+        per_worker = [-(-(hi - lo) // self.batch_size) for lo, hi in spans]
+        full_rounds = min(per_worker)
+        done = []
+        for (lo, hi), count, k in zip(spans, per_worker, range(len(spans)), strict=True):
+            if batches <= full_rounds * self.num_workers:
+                n = batches // self.num_workers + (k < batches % self.num_workers)
+            else:
+                n = full_rounds + (k < batches - full_rounds * self.num_workers)
+            done.append((lo, min(lo + min(n, count) * self.batch_size, hi)))
+        return self._on_every_rank(done)
+
+    def consumed_samples(self, samples: int) -> Ranges:
+        """Positions every rank together has yielded after ``samples`` samples each, read in
+        order (one reader per rank: the map-style sampler)."""
+        return self._on_every_rank([(0, min(samples, self.per_rank))])
+
+    def _on_every_rank(self, offsets: list[tuple[int, int]]) -> Ranges:
+        out: list[tuple[int, int]] = []
+        for rank in range(self.world_size):
+            mine = self.rank_ranges(rank)
+            out.extend(r for lo, hi in offsets if hi > lo for r in take(mine, lo, hi - lo))
+        return tuple(out)
+
+    def after(self, consumed: Ranges) -> Ranges:
+        """What remains of the epoch without ``consumed`` (from ``consumed*``); nothing once
+        every rank has had its whole slice."""
+        left = subtract(self.remaining, consumed)
+        return left if total(consumed) < self.per_rank * self.world_size else ()
+
+
+def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
+    """The map-style order of an epoch: a permutation of every index, from seed and epoch."""
+    return np.random.default_rng([seed, epoch]).permutation(num_samples)
+
+
+@dataclass(frozen=True)
+class BlockOrder:
+    """The stream's order of an epoch: shards in a seeded order, one after the other, and
+    the samples inside each window of ``window`` consecutive positions permuted. A window
+    touches a few neighbouring shards only, so a reader reads it in one ascending pass.
+    ``window=0`` keeps the stored order (no shuffle at all)."""
+
+    shard_samples: tuple[int, ...]
+    seed: int
+    epoch: int
+    window: int
+
+    @cached_property
+    def _starts(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.shard_samples, dtype=np.int64)])
+
+    @cached_property
+    def _shard_order(self) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, self.epoch, len(self.shard_samples)])
+        return rng.permutation(len(self.shard_samples))
+
+    @cached_property
+    def _ends_in_order(self) -> np.ndarray:
+        return np.cumsum(np.asarray(self.shard_samples, np.int64)[self._shard_order])
+
+    def chunks(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """``[lo, hi)`` cut where a reader should read ahead in one go: at window bounds
+        (a window's samples come out permuted), or at shard bounds in stored order."""
+        if self.window:
+            bounds = range(lo - lo % self.window + self.window, hi, self.window)
+        else:
+            bounds = self._starts.tolist()
+        cuts = sorted({lo, hi, *(b for b in bounds if lo < b < hi)})
+        return list(pairwise(cuts))
+
+    def indices(self, lo: int, hi: int) -> np.ndarray:
+        """Dataset indices at positions ``[lo, hi)``, one chunk from :meth:`chunks`."""
+        if not self.window:
+            return np.arange(lo, hi, dtype=np.int64)
+        first = lo - lo % self.window
+        size = min(self.window, int(self._starts[-1]) - first)
+        rng = np.random.default_rng([self.seed, self.epoch, first])
+        concatenated = first + rng.permutation(size)[lo - first : hi - first]
+        slot = np.searchsorted(self._ends_in_order, concatenated, side="right")
+        local = concatenated - (
+            self._ends_in_order[slot] - np.asarray(self.shard_samples)[self._shard_order[slot]]
+        )
+        return self._starts[self._shard_order[slot]] + local

@@ -1,0 +1,116 @@
+"""A distributed, resumable sampler for the map-style readers (every format).
+
+It does what ``DistributedSampler`` does — one seeded order per epoch, the same on every
+rank, each rank its own equal share — and in addition resumes mid-epoch, with the same or
+another world size, by the rule in :mod:`readers.plan`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from readers.plan import EpochState, Split, epoch_permutation, positions, resolve_rank
+
+__all__ = ["EpochSampler"]
+
+
+class EpochSampler(Sampler[int]):
+    """Indices of this rank's share of each epoch, resumable from :meth:`state_dict`.
+
+    Args:
+        data: the dataset (or its length).
+        shuffle: a new seeded permutation every epoch; else the stored order.
+        seed: base of every epoch's permutation; must be the same on every rank.
+        drop_last: drop what does not divide evenly (at most ``world_size - 1`` samples and
+            a short last batch) instead of padding by repeating samples.
+        batch_size: the DataLoader's, so that ``drop_last`` drops only a short last batch.
+        rank, world_size: explicit placement; by default taken from ``torch.distributed``
+            or ``RANK``/``WORLD_SIZE`` when the sampler is built and at :meth:`set_epoch`.
+
+    Unlike ``DistributedSampler`` it works as a ``StatefulDataLoader`` sampler: its
+    ``state_dict`` counts the indices its iterator has handed out.
+    """
+
+    def __init__(
+        self,
+        data: Sized | int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        batch_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        self.num_samples = data if isinstance(data, int) else len(data)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.batch_size = batch_size
+        self._explicit = (rank, world_size)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self._state = EpochState.start(0, seed, self.num_samples)
+        self._yielded = 0  # by the current iterator, on this rank
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation) cache
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    @property
+    def epoch_state(self) -> EpochState:
+        """The state the next iteration starts from."""
+        return self._state
+
+    def split(self, state: EpochState | None = None, num_workers: int = 1) -> Split:
+        """How ``state`` (default: the one the next iterator starts from) is dealt; the
+        workers of a map-style DataLoader do not matter (the sampler feeds them in order)."""
+        remaining = (state or self._state).remaining
+        return Split(remaining, self.world_size, self.drop_last, self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` at its beginning (call on every rank before iterating); a
+        state loaded for this same epoch is kept, so resumed loops need no special case."""
+        self.rank, self.world_size = resolve_rank(*self._explicit)
+        if epoch != self._state.epoch:
+            self._state = EpochState.start(epoch, self.seed, self.num_samples)
+        self._yielded = 0
+
+    def __len__(self) -> int:
+        return self.split().per_rank
+
+    def __iter__(self) -> Iterator[int]:
+        state, self._yielded = self._state, 0
+        split = self.split(state)
+        order = self._permutation(state.epoch)
+        mine = positions(split.rank_ranges(self.rank))
+        indices = order[mine] if order is not None else mine
+        for index in indices.tolist():
+            self._yielded += 1
+            yield index
+        # the whole epoch is out: a state taken now starts the next one
+        self._state = EpochState.start(state.epoch + 1, self.seed, self.num_samples)
+        self._yielded = 0
+
+    def _permutation(self, epoch: int) -> np.ndarray | None:
+        if not self.shuffle:
+            return None
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_permutation(self.num_samples, self.seed, epoch))
+        return self._order[1]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Small and JSON-ready: epoch, seed, what every rank has not yet been given."""
+        split = self.split()
+        state = self._state.advanced(split, split.consumed_samples(self._yielded))
+        return state.state_dict(self.world_size)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (any world size): the rest of its epoch, then onwards."""
+        self.rank, self.world_size = resolve_rank(*self._explicit)
+        self._state = EpochState.from_dict(state, self.num_samples, self.seed)
+        self._yielded = 0

@@ -1,0 +1,229 @@
+"""Streaming reads of ``wds`` tars: exact, equal shares per rank and worker, resumable.
+
+:class:`WdsStream` reads each DataLoader worker's share of an epoch in ascending passes over
+the tars (through each tar's offset index, see :mod:`readers.wds`), one shuffle window at a
+time, and serves the window's samples in a seeded permuted order. Which samples each rank
+and worker reads, and how an interrupted epoch goes on, follow :mod:`readers.plan`: every
+rank gets the same number of samples and batches, known before the epoch starts, even with
+fewer shards than ranks x workers (shares are sample ranges, not whole shards).
+
+What travels to the workers: the epoch, rank and world size live in a small shared-memory
+tensor written in the training process (at construction, :meth:`WdsStream.set_epoch` and
+:meth:`WdsStream.load_state_dict`), so persistent workers see each new epoch and no worker
+ever guesses its rank.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from readers.base import Transform
+from readers.plan import BlockOrder, EpochState, Split, resolve_rank, take
+from readers.wds import WdsDataset
+
+__all__ = ["WdsStream"]
+
+_EPOCH, _RANK, _WORLD, _VERSION = range(4)
+_warned_unshuffled: set[str] = set()
+
+
+class WdsStream(IterableDataset):
+    """Streaming reader over imgpack ``wds`` tars, for slow or remote storage.
+
+    Each epoch, shards are taken in a seeded order and the samples inside every window of
+    ``shuffle_buffer`` consecutive samples come out permuted; the order depends only on
+    ``seed`` and the epoch. Ranks take equal contiguous slices of it (see
+    :mod:`readers.plan`), and DataLoader workers contiguous runs of whole batches of their
+    rank's slice.
+
+    Args:
+        root: the dataset folder (the one holding ``imgpack.json``).
+        transform: applied to each ``[3, H, W]`` uint8 image tensor.
+        shuffle_buffer: samples per shuffle window; 0 reads in stored order (no shuffle).
+        seed: base seed of the shard order and the window permutations (same on all ranks).
+        batch_size: the DataLoader's; with it, workers split on whole batches, so a rank's
+            epoch has one short batch at most (and none with ``drop_last``).
+        drop_last: drop what does not divide evenly between ranks (and a short last batch)
+            instead of repeating up to ``world_size - 1`` samples.
+        rank, world_size: explicit placement; by default from ``torch.distributed`` or
+            ``RANK``/``WORLD_SIZE``, read in the training process at construction,
+            :meth:`set_epoch`, :meth:`load_state_dict` and each in-process ``__iter__``.
+
+    Call :meth:`set_epoch` before each epoch (:func:`readers.make_loader` does).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        transform: Transform | None = None,
+        shuffle_buffer: int = 1000,
+        seed: int = 0,
+        *,
+        batch_size: int | None = None,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        if shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be >= 0, not {shuffle_buffer}")
+        self._dataset = WdsDataset(root, transform=transform, decode_threads=1)
+        self.manifest = self._dataset.manifest
+        self.transform = transform
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self._explicit = (rank, world_size)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self._state = EpochState.start(0, seed, self.manifest.num_samples)
+        self._version = 0  # of the loaded state, to tell a worker holding an older copy
+        self._shared = torch.tensor([0, self.rank, self.world_size, 0]).share_memory_()
+        self._yielded = 0
+        self._warn_if_unshuffled()
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.manifest.classes)
+
+    @property
+    def num_samples(self) -> int:
+        return self.manifest.num_samples
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    @property
+    def epoch_state(self) -> EpochState:
+        """The state the next iteration starts from."""
+        return self._state
+
+    def split(self, state: EpochState | None = None, num_workers: int = 1) -> Split:
+        """How ``state`` (default: the one the next epoch starts from) is dealt."""
+        remaining = (state or self._state).remaining
+        return Split(remaining, self.world_size, self.drop_last, self.batch_size or 1, num_workers)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next, from its beginning, on every rank and worker (a state
+        loaded for this same epoch is kept). Call it in the training process."""
+        self._in_training_process("set_epoch")
+        if epoch != self._state.epoch:
+            self._state = EpochState.start(epoch, self.seed, self.manifest.num_samples)
+        self._publish()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from :meth:`state_dict` or a loader's, any world size).
+        Call it before the DataLoader starts its workers: persistent workers already
+        running keep their copy, and refuse to serve a stale epoch."""
+        self._in_training_process("load_state_dict")
+        self._state = EpochState.from_dict(state, self.manifest.num_samples, self.seed)
+        self._version += 1
+        self._publish()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state after what this process has yielded. Meaningful with ``num_workers=0``;
+        with workers, take the state from the loader (:func:`readers.make_loader`)."""
+        self._in_training_process("state_dict")
+        split = self.split()
+        state = self._state.advanced(split, split.consumed_samples(self._yielded))
+        return state.state_dict(self.world_size)
+
+    def __len__(self) -> int:
+        """Samples this rank yields in the epoch about to start."""
+        return self.split().per_rank
+
+    def __iter__(self) -> Iterator[tuple[Any, int]]:
+        info = get_worker_info()
+        if info is None:
+            self._publish()
+            state, worker, num_workers = self._state, 0, 1
+        else:
+            state, worker, num_workers = self._worker_state(), info.id, info.num_workers
+        split = self.split(state, num_workers)
+        first, stop = split.worker_spans()[worker]
+        mine = take(split.rank_ranges(self.rank), first, stop - first)
+        order = BlockOrder(
+            tuple(s.samples for s in self.manifest.shards),
+            self.seed,
+            state.epoch,
+            self.shuffle_buffer,
+        )
+        self._yielded = 0
+        for lo, hi in mine:
+            for a, b in order.chunks(lo, hi):
+                for item in self._read(order.indices(a, b)):
+                    yield item
+                    self._yielded += 1
+
+    # --- internals ----------------------------------------------------------------------
+    def _read(self, indices: np.ndarray) -> Iterator[tuple[Any, int]]:
+        """Samples ``indices`` in that order, read in one ascending pass first."""
+        ds = self._dataset
+        located = [ds._locate(i) for i in indices.tolist()]
+        stored = {sk: ds._shard(sk[0]).read(sk[1]) for sk in sorted(located)}
+        for shard, local in located:
+            value = stored.pop((shard, local))
+            yield ds._decode(value, shard, local), int(ds._shard(shard).labels[local])
+
+    def _publish(self) -> None:
+        """Write epoch, placement and state version where every worker reads them."""
+        self.rank, self.world_size = resolve_rank(*self._explicit)
+        self._shared[:] = torch.tensor(
+            [self._state.epoch, self.rank, self.world_size, self._version]
+        )
+
+    def _worker_state(self) -> EpochState:
+        """Inside a DataLoader worker: the epoch state the training process published."""
+        epoch, self.rank, self.world_size, version = self._shared.tolist()
+        if version != self._version:
+            raise RuntimeError(
+                "WdsStream.load_state_dict was called after this DataLoader's persistent "
+                "workers started, so they cannot see it: load the state before the first "
+                "iteration, or use readers.make_loader, which restarts its workers"
+            )
+        if self._explicit == (None, None) and _visible_world_size() not in (None, self.world_size):
+            raise RuntimeError(
+                f"this WdsStream was placed for a world of {self.world_size} but the worker "
+                f"sees {_visible_world_size()} processes: build it after "
+                "torch.distributed.init_process_group, or call set_epoch before iterating"
+            )
+        if epoch == self._state.epoch:
+            return self._state
+        return EpochState.start(epoch, self.seed, self.manifest.num_samples)
+
+    def _in_training_process(self, what: str) -> None:
+        if get_worker_info() is not None:
+            raise RuntimeError(
+                f"WdsStream.{what} inside a DataLoader worker would change that worker's copy "
+                "only: call it in the training process"
+            )
+
+    def _warn_if_unshuffled(self) -> None:
+        root = str(self.manifest.root)
+        options = self.manifest.raw.get("options", {})
+        if self.shuffle_buffer and not options.get("shuffle") and root not in _warned_unshuffled:
+            _warned_unshuffled.add(root)
+            warnings.warn(
+                f"{root} was converted without --shuffle: its shards follow the class folders, "
+                f"so each {self.shuffle_buffer}-sample shuffle window holds a few classes only. "
+                "Convert with --shuffle for streaming, or read it map-style "
+                "(readers.make_loader without stream=True shuffles the whole dataset).",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+def _visible_world_size() -> int | None:
+    """The world size a worker can see for itself (a forked process group, or the env)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None
