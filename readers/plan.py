@@ -8,8 +8,11 @@ The rule, shared by the map-style sampler and the stream:
   epoch ``[(0, N)]`` at its start. A checkpoint stores that list.
 * Ranks take **equal, contiguous slices** of the concatenated ranges: rank ``r`` of ``W``
   gets the ``r``-th slice of ``L`` positions. With ``drop_last`` ``L = T // W`` (at most
-  ``W - 1`` samples dropped); otherwise ``L = ceil(T / W)`` and the slices wrap round to
-  the start, repeating at most ``W - 1`` samples, as ``DistributedSampler`` pads.
+  ``W - 1`` samples dropped, and a short last batch); otherwise ``L = ceil(T / W)`` and up
+  to ``W - 1`` padding positions ``N, N + 1, ...`` are appended, which read the samples at
+  the start of the order again (as ``DistributedSampler`` pads). Padding positions stay in
+  a saved state, so a run resumed on the same world size repeats exactly what the
+  uninterrupted run would have.
 * Inside a rank, DataLoader workers of a stream take contiguous runs of whole batches and
   the DataLoader yields one batch of each in turn, so exactly one batch is short.
 
@@ -72,26 +75,34 @@ def total(ranges: Sequence[tuple[int, int]]) -> int:
 
 
 def take(ranges: Sequence[tuple[int, int]], start: int, count: int) -> Ranges:
-    """Positions ``[start, start + count)`` of the concatenated ``ranges``, as ranges;
-    past the end it wraps round to the beginning (padding)."""
-    size = total(ranges)
+    """Positions ``[start, start + count)`` of the concatenated ``ranges``, as ranges."""
     out: list[tuple[int, int]] = []
-    while count > 0:
-        if size == 0:
-            raise ValueError("cannot take samples from an empty epoch")
-        skip, left = start % size, count
-        for lo, hi in ranges:
-            length = hi - lo
-            if skip >= length:
-                skip -= length
-                continue
-            n = min(length - skip, left)
-            out.append((lo + skip, lo + skip + n))
-            skip, left = 0, left - n
-            if left == 0:
-                break
-        start, count = start + (count - left), left
+    skip, left = start, count
+    for lo, hi in ranges:
+        if left <= 0:
+            break
+        if skip >= hi - lo:
+            skip -= hi - lo
+            continue
+        n = min(hi - lo - skip, left)
+        out.append((lo + skip, lo + skip + n))
+        skip, left = 0, left - n
+    if left > 0:
+        raise ValueError(f"{count} positions from {start} run past the {total(ranges)} there are")
     return _merge_adjacent(out)
+
+
+def wrapped(ranges: Sequence[tuple[int, int]], num_samples: int) -> Ranges:
+    """``ranges`` with padding positions (``>= num_samples``) mapped back into the epoch:
+    position ``p`` reads what position ``p % num_samples`` reads."""
+    out = []
+    for lo, hi in ranges:
+        while lo < hi:
+            base = lo - lo % num_samples
+            stop = min(hi, base + num_samples)
+            out.append((lo - base, stop - base))
+            lo = stop
+    return tuple(out)
 
 
 def subtract(ranges: Sequence[tuple[int, int]], minus: Sequence[tuple[int, int]]) -> Ranges:
@@ -149,7 +160,7 @@ class EpochState:
     @property
     def fresh(self) -> bool:
         """True when nothing of this epoch has been read yet."""
-        return total(self.remaining) == self.num_samples
+        return self.remaining == EpochState.start(self.epoch, self.seed, self.num_samples).remaining
 
     def advanced(self, split: Split, consumed: Ranges) -> EpochState:
         """This state once ``consumed`` (from ``split``) is read: the next epoch's start
@@ -187,7 +198,8 @@ class EpochState:
             )
         if stored_seed != seed:
             raise ValueError(f"loader state has seed {stored_seed}, this loader {seed}")
-        if not all(0 <= lo < hi <= num_samples for lo, hi in remaining):
+        padding = total(remaining) - num_samples  # positions past the end, at most world - 1
+        if not all(0 <= lo < hi for lo, hi in remaining) or padding > max(num_samples, 1024):
             raise ValueError("loader state has ranges outside the epoch")
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"loader state has an invalid epoch {epoch!r}")
@@ -221,11 +233,18 @@ class Split:
     def batches(self) -> int:
         return -(-self.per_rank // self.batch_size)
 
+    @cached_property
+    def padded(self) -> Ranges:
+        """The remaining positions and, when they do not divide, fresh padding positions."""
+        missing = self.per_rank * self.world_size - total(self.remaining)
+        if missing <= 0:
+            return self.remaining
+        end = max(hi for _, hi in self.remaining)
+        return (*self.remaining, (end, end + missing))
+
     def rank_ranges(self, rank: int) -> Ranges:
         """The positions rank ``rank`` yields, in the order of its slice."""
-        if not self.remaining:
-            return ()
-        return take(self.remaining, rank * self.per_rank, self.per_rank)
+        return take(self.padded, rank * self.per_rank, self.per_rank)
 
     def worker_spans(self) -> list[tuple[int, int]]:
         """Per worker, ``[start, stop)`` offsets into its rank's slice: contiguous whole
@@ -270,7 +289,7 @@ class Split:
     def after(self, consumed: Ranges) -> Ranges:
         """What remains of the epoch without ``consumed`` (from ``consumed*``); nothing once
         every rank has had its whole slice."""
-        left = subtract(self.remaining, consumed)
+        left = subtract(self.padded, consumed)
         return left if total(consumed) < self.per_rank * self.world_size else ()
 
 

@@ -13,7 +13,14 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from readers.plan import EpochState, Split, epoch_permutation, positions, resolve_rank
+from readers.plan import (
+    EpochState,
+    Split,
+    epoch_permutation,
+    positions,
+    resolve_rank,
+    wrapped,
+)
 
 __all__ = ["EpochSampler"]
 
@@ -87,7 +94,7 @@ class EpochSampler(Sampler[int]):
         state, self._yielded = self._state, 0
         split = self.split(state)
         order = self._permutation(state.epoch)
-        mine = positions(split.rank_ranges(self.rank))
+        mine = positions(wrapped(split.rank_ranges(self.rank), self.num_samples))
         indices = order[mine] if order is not None else mine
         for index in indices.tolist():
             self._yielded += 1

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from readers.base import Transform
-from readers.plan import BlockOrder, EpochState, Split, resolve_rank, take
+from readers.plan import BlockOrder, EpochState, Split, resolve_rank, take, wrapped
 from readers.wds import WdsDataset
 
 __all__ = ["WdsStream"]
@@ -148,7 +148,7 @@ class WdsStream(IterableDataset):
             state, worker, num_workers = self._worker_state(), info.id, info.num_workers
         split = self.split(state, num_workers)
         first, stop = split.worker_spans()[worker]
-        mine = take(split.rank_ranges(self.rank), first, stop - first)
+        mine = wrapped(take(split.rank_ranges(self.rank), first, stop - first), self.num_samples)
         order = BlockOrder(
             tuple(s.samples for s in self.manifest.shards),
             self.seed,
