@@ -40,12 +40,10 @@ class Loader:
         self,
         source: EpochSampler | WdsStream,
         make_dataloader: Callable[[], DataLoader],
-        reader_workers: int,
     ) -> None:
         self.source = source
         self._make_dataloader = make_dataloader
         self.dataloader = make_dataloader()
-        self._reader_workers = reader_workers  # processes that each read a share (stream)
         self._state = EpochState.start(0, source.seed, source.num_samples)
         self._split: Split | None = None  # of the iteration in progress
         self._batches = 0  # yielded by it
@@ -74,12 +72,12 @@ class Loader:
         self._restart(EpochState.from_dict(state, self.source.num_samples, self.source.seed))
 
     def __len__(self) -> int:
-        return self.source.split(self._current(), self._reader_workers).batches
+        return self.source.split(self._current()).batches
 
     def __iter__(self) -> Iterator[Any]:
         state = self._current()
         self._start_source(state)
-        split = self.source.split(state, self._reader_workers)
+        split = self.source.split(state)
         self._generation += 1
         generation = self._generation
         self._state, self._split, self._batches = state, split, 0
@@ -201,7 +199,7 @@ def make_loader(
             **dataloader_kwargs,
         )
 
-    return Loader(source, make_dataloader, num_workers if stream and num_workers else 1)
+    return Loader(source, make_dataloader)
 
 
 def _placement(

@@ -13,12 +13,15 @@ The rule, shared by the map-style sampler and the stream:
   the start of the order again (as ``DistributedSampler`` pads). Padding positions stay in
   a saved state, so a run resumed on the same world size repeats exactly what the
   uninterrupted run would have.
-* Inside a rank, DataLoader workers of a stream take contiguous runs of whole batches and
-  the DataLoader yields one batch of each in turn, so exactly one batch is short.
+* Each rank yields its slice in order, in batches (only the last one short). A stream's
+  DataLoader workers read every ``num_workers``-th batch of it, and the DataLoader takes
+  one batch of each worker in turn, so the order does not depend on the number of workers.
 
 Because every rank yields the same number of batches, any rank can tell which positions
-every rank has consumed after ``k`` batches; a resumed run, with any world size, splits
-the rest the same way. Nothing here touches the data: resuming costs O(ranks x workers).
+every rank has consumed after ``k`` batches (the first ``k`` batches of every slice); a
+resumed run, with any world size, splits the rest the same way, and on the same world size
+continues exactly as the uninterrupted run would have. Nothing here touches the data:
+resuming costs O(ranks) range arithmetic (and one permutation of the epoch's order).
 """
 
 from __future__ import annotations
@@ -208,17 +211,13 @@ class EpochState:
 
 @dataclass(frozen=True)
 class Split:
-    """How one epoch's remaining positions are dealt to ranks, workers and batches.
-
-    ``num_workers`` is the number of DataLoader workers that each read their own part (a
-    stream); a map-style sampler feeds the workers from the main process, so it uses 1.
-    """
+    """How one epoch's remaining positions are dealt to ranks, batches and (for a stream,
+    whose DataLoader workers each read their own part) workers."""
 
     remaining: Ranges
     world_size: int
     drop_last: bool
     batch_size: int = 1
-    num_workers: int = 1
 
     @property
     def per_rank(self) -> int:
@@ -246,37 +245,28 @@ class Split:
         """The positions rank ``rank`` yields, in the order of its slice."""
         return take(self.padded, rank * self.per_rank, self.per_rank)
 
-    def worker_spans(self) -> list[tuple[int, int]]:
-        """Per worker, ``[start, stop)`` offsets into its rank's slice: contiguous whole
-        batches, earlier workers holding the one extra batch when they do not divide."""
-        q, extra = divmod(self.batches, self.num_workers)
-        spans, first = [], 0
-        for k in range(self.num_workers):
-            count = q + (k < extra)
-            spans.append(
-                (first * self.batch_size, min((first + count) * self.batch_size, self.per_rank))
-            )
-            first += count
-        return spans
+    def worker_ranges(self, rank: int, worker: int, num_workers: int) -> Ranges:
+        """The positions worker ``worker`` of ``num_workers`` reads of its rank's slice:
+        batches ``worker``, ``worker + num_workers``, ... The DataLoader takes one batch of
+        each worker in turn, so the rank yields its slice in order, whatever the number of
+        workers (only the last batch is short)."""
+        mine = self.rank_ranges(rank)
+        return _merge_adjacent(
+            [
+                r
+                for first in range(
+                    worker * self.batch_size, self.per_rank, num_workers * self.batch_size
+                )
+                for r in take(mine, first, min(self.batch_size, self.per_rank - first))
+            ]
+        )
 
     def consumed(self, batches: int) -> Ranges:
-        """Positions that every rank together has yielded after ``batches`` batches each:
-        the DataLoader takes one batch from each worker in turn."""
-        spans = self.worker_spans()
-        per_worker = [-(-(hi - lo) // self.batch_size) for lo, hi in spans]
-        full_rounds = min(per_worker)
-        done = []
-        for (lo, hi), count, k in zip(spans, per_worker, range(len(spans)), strict=True):
-            if batches <= full_rounds * self.num_workers:
-                n = batches // self.num_workers + (k < batches % self.num_workers)
-            else:
-                n = full_rounds + (k < batches - full_rounds * self.num_workers)
-            done.append((lo, min(lo + min(n, count) * self.batch_size, hi)))
-        return self._on_every_rank(done)
+        """Positions every rank together has yielded after ``batches`` batches each."""
+        return self.consumed_samples(batches * self.batch_size)
 
     def consumed_samples(self, samples: int) -> Ranges:
-        """Positions every rank together has yielded after ``samples`` samples each, read in
-        order (one reader per rank: the map-style sampler)."""
+        """Positions every rank together has yielded after ``samples`` samples each."""
         return self._on_every_rank([(0, min(samples, self.per_rank))])
 
     def _on_every_rank(self, offsets: list[tuple[int, int]]) -> Ranges:

@@ -73,9 +73,8 @@ class EpochSampler(Sampler[int]):
         """The state the next iteration starts from."""
         return self._state
 
-    def split(self, state: EpochState | None = None, num_workers: int = 1) -> Split:
-        """How ``state`` (default: the one the next iterator starts from) is dealt; the
-        workers of a map-style DataLoader do not matter (the sampler feeds them in order)."""
+    def split(self, state: EpochState | None = None) -> Split:
+        """How ``state`` (default: the one the next iterator starts from) is dealt."""
         remaining = (state or self._state).remaining
         return Split(remaining, self.world_size, self.drop_last, self.batch_size)
 

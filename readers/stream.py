@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from readers.base import Transform
-from readers.plan import BlockOrder, EpochState, Split, resolve_rank, take, wrapped
+from readers.plan import BlockOrder, EpochState, Split, resolve_rank, wrapped
 from readers.wds import WdsDataset
 
 __all__ = ["WdsStream"]
@@ -40,8 +40,8 @@ class WdsStream(IterableDataset):
     Each epoch, shards are taken in a seeded order and the samples inside every window of
     ``shuffle_buffer`` consecutive samples come out permuted; the order depends only on
     ``seed`` and the epoch. Ranks take equal contiguous slices of it (see
-    :mod:`readers.plan`), and DataLoader workers contiguous runs of whole batches of their
-    rank's slice.
+    :mod:`readers.plan`), and DataLoader workers every ``num_workers``-th batch of their
+    rank's slice, so a rank's order does not depend on the number of workers.
 
     Args:
         root: the dataset folder (the one holding ``imgpack.json``).
@@ -49,7 +49,8 @@ class WdsStream(IterableDataset):
         shuffle_buffer: samples per shuffle window; 0 reads in stored order (no shuffle).
         seed: base seed of the shard order and the window permutations (same on all ranks).
         batch_size: the DataLoader's; with it, workers split on whole batches, so a rank's
-            epoch has one short batch at most (and none with ``drop_last``).
+            epoch has one short batch at most (and none with ``drop_last``). Without it the
+            workers split sample by sample and each may end with a short batch.
         drop_last: drop what does not divide evenly between ranks (and a short last batch)
             instead of repeating up to ``world_size - 1`` samples.
         rank, world_size: explicit placement; by default from ``torch.distributed`` or
@@ -105,10 +106,10 @@ class WdsStream(IterableDataset):
         """The state the next iteration starts from."""
         return self._state
 
-    def split(self, state: EpochState | None = None, num_workers: int = 1) -> Split:
+    def split(self, state: EpochState | None = None) -> Split:
         """How ``state`` (default: the one the next epoch starts from) is dealt."""
         remaining = (state or self._state).remaining
-        return Split(remaining, self.world_size, self.drop_last, self.batch_size or 1, num_workers)
+        return Split(remaining, self.world_size, self.drop_last, self.batch_size or 1)
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next, from its beginning, on every rank and worker (a state
@@ -146,9 +147,8 @@ class WdsStream(IterableDataset):
             state, worker, num_workers = self._state, 0, 1
         else:
             state, worker, num_workers = self._worker_state(), info.id, info.num_workers
-        split = self.split(state, num_workers)
-        first, stop = split.worker_spans()[worker]
-        mine = wrapped(take(split.rank_ranges(self.rank), first, stop - first), self.num_samples)
+        split = self.split(state)
+        mine = wrapped(split.worker_ranges(self.rank, worker, num_workers), self.num_samples)
         order = BlockOrder(
             tuple(s.samples for s in self.manifest.shards),
             self.seed,

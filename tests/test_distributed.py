@@ -207,7 +207,7 @@ def two_ranks_spawn_workers(datasets, three_ranks_spawn, tmp_path_factory):
     return launch(
         tmp,
         datasets,
-        ["pt", "stream"],
+        ["stream"],  # map-style readers are placed by the sampler, in the training process
         world=2,
         how="mp.spawn",
         context="spawn",

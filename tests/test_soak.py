@@ -297,6 +297,7 @@ def soak_dataset(
             options = ConvertOptions(
                 format=fmt,
                 encoding=ENCODINGS[fmt],
+                shuffle=fmt == "wds",  # as streaming wants (WdsStream warns otherwise)
                 resize=SIDE,
                 center_crop=SIDE,
                 shard_size=SHARD_SIZE,

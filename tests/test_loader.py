@@ -1,0 +1,327 @@
+"""make_loader, EpochSampler and WdsStream in one process: exact shares for explicit ranks,
+epochs that reach persistent workers, mid-epoch resume (workers 0 and 2), a relative root
+after chdir, StatefulDataLoader, and the plan's arithmetic on many random cases.
+
+The real multi-process runs (gloo, torchrun, mp.spawn) are in tests/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+import readers
+from readers import plan
+from tests.dist_rank import digest
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    # torchdata's import calls a deprecated torch function
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+N = 32  # samples in sample_data
+READERS = ["pt", "hdf5", "lmdb", "wds", "stream"]
+
+
+@pytest.fixture(scope="module")
+def roots(converted) -> dict[str, Path]:
+    wds = converted("wds", "raw-fixed", shard_size=4, shuffle=True, seed=1)
+    return {
+        "pt": converted("pt", "raw-fixed"),
+        "hdf5": converted("hdf5", "raw-fixed", shard_size=10),
+        "lmdb": converted("lmdb", "raw-fixed"),
+        "wds": wds,
+        "stream": wds,
+    }
+
+
+def build(roots: dict[str, Path], name: str, batch_size: int = 3, **kwargs: Any):
+    if name == "stream":
+        kwargs.setdefault("shuffle_buffer", 8)
+    return readers.make_loader(roots[name], batch_size, stream=name == "stream", **kwargs)
+
+
+def digests(batches: Any) -> list[list[str]]:
+    return [
+        [digest(i, int(y)) for i, y in zip(images, labels, strict=True)]
+        for images, labels in batches
+    ]
+
+
+def flat(batches: list[list[str]]) -> list[str]:
+    return [d for batch in batches for d in batch]
+
+
+def every_sample(root: Path) -> set[str]:
+    ds = readers.open_dataset(root)
+    return {digest(*ds[i]) for i in range(len(ds))}
+
+
+def take_batches(loader: Any, k: int) -> list[list[str]]:
+    """The first ``k`` batches, leaving the loop as a training loop's ``break`` does."""
+    out: list[list[str]] = []
+    for batch in loader if k else ():
+        out.extend(digests([batch]))
+        if len(out) == k:
+            break
+    return out
+
+
+# --- the plan ---------------------------------------------------------------------------------
+def simulate(split: plan.Split, batches: int, workers: int) -> Counter:
+    """Positions yielded by every rank after ``batches`` batches, the DataLoader's way:
+    one batch of each worker in turn (independently of ``Split.consumed``)."""
+    batch = split.batch_size
+    seen: Counter = Counter()
+    for rank in range(split.world_size):
+        streams = [
+            plan.positions(split.worker_ranges(rank, k, workers)).tolist() for k in range(workers)
+        ]
+        for b in range(batches):
+            k, i = b % workers, b // workers
+            seen.update(streams[k][i * batch : (i + 1) * batch])
+    return seen
+
+
+def test_split_gives_every_rank_an_equal_share_and_resumes_exactly_on_any_world_size():
+    rng = random.Random(0)
+    for _ in range(2000):
+        n, world = rng.randint(1, 50), rng.randint(1, 4)
+        batch, workers, drop = rng.randint(1, 6), rng.randint(1, 3), rng.random() < 0.5
+        split = plan.Split(plan.EpochState.start(0, 0, n).remaining, world, drop, batch)
+        everything = simulate(split, split.batches, workers)
+        shares = [plan.total(split.rank_ranges(r)) for r in range(world)]
+        assert shares == [split.per_rank] * world
+        samples = Counter(p % n for p in everything.elements())
+        if drop:
+            assert max(samples.values(), default=1) == 1 and n - len(samples) < world * batch
+        else:
+            assert set(samples) == set(range(n)) and sum(samples.values()) - n < world
+        k = rng.randint(0, split.batches)
+        left = split.after(split.consumed(k))
+        if k == split.batches:
+            assert left == ()
+            continue
+        # Left: every position not yet read (with drop_last, the dropped ones too).
+        assert set(plan.positions(left)) == set(plan.positions(split.padded)) - set(
+            simulate(split, k, workers)
+        )
+        # Elastic: another world size continues with what is left, nothing lost.
+        again = plan.Split(left, rng.randint(1, 4), drop, batch)
+        rest = simulate(again, again.batches, rng.randint(1, 3))
+        if not drop:
+            covered = {p % n for p in simulate(split, k, workers)} | {p % n for p in rest}
+            assert covered == set(range(n))
+
+
+def test_block_order_permutes_within_windows_and_depends_only_on_seed_and_epoch():
+    counts = (7, 7, 7, 4)
+    order = plan.BlockOrder(counts, seed=3, epoch=1, window=10)
+    chunks = order.chunks(0, 25)
+    assert chunks == [(0, 10), (10, 20), (20, 25)]
+    got = [i for a, b in chunks for i in order.indices(a, b).tolist()]
+    assert sorted(got) == list(range(25)) and got != list(range(25))
+    assert got == [i for a, b in chunks for i in plan.BlockOrder(counts, 3, 1, 10).indices(a, b)]
+    other = plan.BlockOrder(counts, 3, 2, 10)
+    assert got != [i for a, b in chunks for i in other.indices(a, b).tolist()]
+    # A chunk starting mid-window reads the same samples as the whole window did there.
+    assert order.indices(13, 17).tolist() == got[13:17]
+    # Stored order: chunks end at shard boundaries, indices are positions.
+    stored = plan.BlockOrder(counts, 3, 1, 0)
+    assert stored.chunks(3, 25) == [(3, 7), (7, 14), (14, 21), (21, 25)]
+    assert stored.indices(3, 7).tolist() == [3, 4, 5, 6]
+
+
+def test_resolve_rank_prefers_explicit_then_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert plan.resolve_rank() == (2, 4)
+    assert plan.resolve_rank(1, 3) == (1, 3)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert plan.resolve_rank() == (0, 1)
+    with pytest.raises(ValueError, match="rank 3 is not in a world of size 3"):
+        plan.resolve_rank(3, 3)
+    with pytest.raises(ValueError, match="both"):
+        plan.resolve_rank(1, None)
+
+
+# --- make_loader in one process ----------------------------------------------------------------
+@pytest.mark.parametrize("name", READERS)
+@pytest.mark.parametrize("drop_last", [False, True], ids=["pad", "drop"])
+def test_explicit_ranks_get_equal_batches_and_together_every_sample(roots, name, drop_last):
+    world = 3
+    loaders = [
+        build(roots, name, rank=r, world_size=world, drop_last=drop_last, seed=4)
+        for r in range(world)
+    ]
+    lens = [len(loader) for loader in loaders]
+    assert lens == [4 if not drop_last else 3] * world  # 11 (padded) or 9 (3 batches) of 32
+    per_rank = [digests(loader) for loader in loaders]
+    assert [len(b) for b in per_rank] == lens
+    seen = Counter(d for batches in per_rank for batch in batches for d in batch)
+    if drop_last:
+        assert max(seen.values()) == 1 and len(seen) == 27
+    else:
+        assert set(seen) == every_sample(roots[name]) and sum(seen.values()) == 33
+
+
+@pytest.mark.parametrize("name", READERS)
+@pytest.mark.parametrize("workers", [0, 2], ids=["main", "fork2"])
+def test_resume_after_k_batches_yields_exactly_the_rest_in_the_same_order(roots, name, workers):
+    kwargs: dict[str, Any] = {"seed": 9, "num_workers": workers, "batch_size": 5}
+    if workers:
+        kwargs["multiprocessing_context"] = "fork"
+    loader = build(roots, name, **kwargs)
+    loader.set_epoch(3)
+    whole = digests(loader)
+    assert len(whole) == len(loader) == 7 and loader.epoch == 4  # moved on by itself
+    for k in (0, 1, 4):
+        interrupted = build(roots, name, **kwargs)
+        interrupted.set_epoch(3)
+        assert take_batches(interrupted, k) == whole[:k]
+        state = json.loads(json.dumps(interrupted.state_dict()))
+        assert state["epoch"] == 3 and state["samples_consumed"] == 5 * k
+        resumed = build(roots, name, **kwargs)
+        resumed.load_state_dict(state)
+        resumed.set_epoch(3)  # what a resumed training loop does: keeps the position
+        assert len(resumed) == 7 - k
+        assert digests(resumed) == whole[k:]
+        assert resumed.state_dict()["epoch"] == 4
+
+
+@pytest.mark.parametrize("name", ["pt", "stream"])
+def test_a_loop_broken_off_continues_where_it_stopped(roots, name):
+    loader = build(roots, name, seed=2, batch_size=4)
+    whole = digests(loader)
+    loader.set_epoch(0)  # back to epoch 0 (the finished pass moved the loader to 1)
+    first = take_batches(loader, 3)
+    assert first == whole[:3]
+    assert digests(loader) == whole[3:]
+
+
+def test_epochs_differ_and_repeat_for_the_same_seed(roots):
+    for name in READERS:
+        orders = [digests(build(roots, name, seed=1)) for _ in range(2)]
+        assert orders[0] == orders[1]
+        loader = build(roots, name, seed=1)
+        epochs = [digests(loader) for _ in range(3)]  # advances by itself
+        assert epochs[0] == orders[0]
+        assert epochs[0] != epochs[1] != epochs[2], name
+
+
+def test_load_state_dict_refuses_another_dataset_or_seed(roots):
+    state = build(roots, "pt", seed=1).state_dict()
+    with pytest.raises(ValueError, match="seed 1, this loader 2"):
+        build(roots, "pt", seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="for 31 samples, this dataset has 32"):
+        build(roots, "pt", seed=1).load_state_dict({**state, "num_samples": 31})
+    with pytest.raises(ValueError, match="not an imgpack loader state"):
+        build(roots, "pt").load_state_dict({"epoch": 1})
+
+
+def test_make_loader_refuses_what_it_chooses_itself_and_a_missing_group(roots, monkeypatch):
+    with pytest.raises(ValueError, match="sampler"):
+        readers.make_loader(roots["pt"], 4, sampler=[0, 1])
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="distributed=True"):
+        readers.make_loader(roots["pt"], 4, distributed=True)
+    with pytest.raises(ValueError, match="wds datasets only"):
+        readers.make_loader(roots["pt"], 4, stream=True)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert len(readers.make_loader(roots["pt"], 4)) == 4  # 16 of 32 on rank 1 of 2
+    assert len(readers.make_loader(roots["pt"], 4, distributed=False)) == 8
+
+
+# --- the stream in a plain DataLoader -----------------------------------------------------------
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_set_epoch_reaches_persistent_workers(roots, context):
+    stream = readers.WdsStream(roots["stream"], shuffle_buffer=8, seed=0)
+    loader = DataLoader(
+        stream,
+        batch_size=4,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context=context,
+        collate_fn=readers.collate,
+    )
+    epochs = []
+    for epoch in range(3):
+        stream.set_epoch(epoch)
+        epochs.append(digests(loader))
+    assert all(Counter(flat(e)) == Counter(flat(epochs[0])) for e in epochs)
+    assert epochs[0] != epochs[1] != epochs[2] != epochs[0]
+    fresh = readers.WdsStream(roots["stream"], shuffle_buffer=8, seed=0)
+    fresh.set_epoch(2)
+    again = DataLoader(
+        fresh,
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=readers.collate,
+    )
+    assert digests(again) == epochs[2]
+
+
+def test_stream_refuses_a_state_its_running_persistent_workers_cannot_see(roots):
+    stream = readers.WdsStream(roots["stream"], shuffle_buffer=8)
+    loader = DataLoader(
+        stream, batch_size=4, num_workers=1, persistent_workers=True, multiprocessing_context="fork"
+    )
+    take_batches(loader, 1)
+    state = stream.state_dict()
+    stream.load_state_dict(state)
+    with pytest.raises(RuntimeError, match="persistent"):
+        digests(loader)
+
+
+def test_stream_len_is_this_ranks_share(roots):
+    assert len(readers.WdsStream(roots["stream"], rank=1, world_size=3)) == 11
+    assert len(readers.WdsStream(roots["stream"], rank=1, world_size=3, drop_last=True)) == 10
+    assert len(readers.WdsStream(roots["stream"])) == N
+
+
+# --- paths ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", READERS)
+def test_a_relative_root_keeps_working_after_chdir(roots, name, monkeypatch, tmp_path):
+    root = roots[name]
+    monkeypatch.chdir(root.parent)
+    loader = build({name: Path(root.name)}, name, seed=0)
+    monkeypatch.chdir(tmp_path)
+    assert {d for batch in digests(loader) for d in batch} == every_sample(root)
+
+
+# --- StatefulDataLoader -------------------------------------------------------------------------
+@pytest.mark.parametrize("workers", [0, 2], ids=["main", "fork2"])
+def test_epoch_sampler_resumes_under_statefuldataloader(roots, workers):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    ds = readers.open_dataset(roots["lmdb"])
+
+    def make() -> Any:
+        sampler = readers.EpochSampler(ds, seed=5, batch_size=4, rank=0, world_size=2)
+        sampler.set_epoch(1)
+        return stateful.StatefulDataLoader(
+            ds,
+            batch_size=4,
+            sampler=sampler,
+            num_workers=workers,
+            collate_fn=readers.collate,
+            multiprocessing_context="fork" if workers else None,
+        )
+
+    whole = digests(make())
+    assert len(whole) == 4  # 16 of 32 on rank 0 of 2
+    loader = make()
+    first = take_batches(loader, 1)
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert first + digests(resumed) == whole
