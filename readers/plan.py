@@ -41,8 +41,12 @@ __all__ = [
     "Ranges",
     "Split",
     "epoch_permutation",
+    "positions",
     "resolve_rank",
+    "subtract",
     "take",
+    "total",
+    "wrapped",
 ]
 
 Ranges = tuple[tuple[int, int], ...]

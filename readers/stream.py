@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from readers.base import Transform
-from readers.plan import BlockOrder, EpochState, Split, resolve_rank, wrapped
+from readers.plan import BlockOrder, EpochState, Split, resolve_rank, take, total, wrapped
 from readers.wds import WdsDataset
 
 __all__ = ["WdsStream"]
@@ -86,7 +86,9 @@ class WdsStream(IterableDataset):
         self._state = EpochState.start(0, seed, self.manifest.num_samples)
         self._version = 0  # of the loaded state, to tell a worker holding an older copy
         self._shared = torch.tensor([0, self.rank, self.world_size, 0]).share_memory_()
-        self._yielded = 0
+        self._iterating = self._state  # the state the current iteration started from
+        self._yielded = 0  # samples of it yielded by this process
+        self._skip: int | None = None  # samples to skip, loaded in a worker
         self._warn_if_unshuffled()
 
     @property
@@ -117,24 +119,45 @@ class WdsStream(IterableDataset):
         self._in_training_process("set_epoch")
         if epoch != self._state.epoch:
             self._state = EpochState.start(epoch, self.seed, self.manifest.num_samples)
+        self._iterating, self._yielded = self._state, 0
         self._publish()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict` or a loader's, any world size).
         Call it before the DataLoader starts its workers: persistent workers already
-        running keep their copy, and refuse to serve a stale epoch."""
-        self._in_training_process("load_state_dict")
-        self._state = EpochState.from_dict(state, self.manifest.num_samples, self.seed)
+        running keep their copy, and refuse to serve a stale epoch. Inside a worker it
+        takes back that worker's own state (what torchdata's StatefulDataLoader does)."""
+        info = get_worker_info()
+        loaded = EpochState.from_dict(state, self.manifest.num_samples, self.seed)
+        if info is not None:
+            if (state.get("worker"), state.get("num_workers")) != (info.id, info.num_workers):
+                raise ValueError(
+                    f"a state of worker {state.get('worker')} of {state.get('num_workers')} "
+                    f"cannot resume worker {info.id} of {info.num_workers}"
+                )
+            self._state, self._skip = loaded, int(state["worker_samples"])
+            return
+        self._state = self._iterating = loaded
+        self._yielded = 0
         self._version += 1
         self._publish()
 
     def state_dict(self) -> dict[str, Any]:
-        """The state after what this process has yielded. Meaningful with ``num_workers=0``;
-        with workers, take the state from the loader (:func:`readers.make_loader`)."""
-        self._in_training_process("state_dict")
-        split = self.split()
-        state = self._state.advanced(split, split.consumed_samples(self._yielded))
-        return state.state_dict(self.world_size)
+        """The state after what this process has yielded of the current epoch: the rank's
+        (with ``num_workers=0``, or from :func:`readers.make_loader`'s loader, which also
+        counts for its workers); inside a DataLoader worker, where torchdata's
+        StatefulDataLoader asks for it, that worker's own position."""
+        split = self.split(self._iterating)
+        info = get_worker_info()
+        if info is None:
+            state = self._iterating.advanced(split, split.consumed_samples(self._yielded))
+            return state.state_dict(self.world_size)
+        return {
+            **self._iterating.state_dict(self.world_size),
+            "worker": info.id,
+            "num_workers": info.num_workers,
+            "worker_samples": self._yielded,
+        }
 
     def __len__(self) -> int:
         """Samples this rank yields in the epoch about to start."""
@@ -142,25 +165,31 @@ class WdsStream(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         info = get_worker_info()
+        skip = 0
         if info is None:
             self._publish()
             state, worker, num_workers = self._state, 0, 1
         else:
-            state, worker, num_workers = self._worker_state(), info.id, info.num_workers
+            worker, num_workers = info.id, info.num_workers
+            if self._skip is None:
+                state = self._worker_state()
+            else:  # this worker's own state, loaded in this worker
+                state, skip, self._skip = self._state, self._skip, None
         split = self.split(state)
-        mine = wrapped(split.worker_ranges(self.rank, worker, num_workers), self.num_samples)
+        mine = split.worker_ranges(self.rank, worker, num_workers)
+        mine = wrapped(take(mine, skip, total(mine) - skip), self.num_samples)
         order = BlockOrder(
             tuple(s.samples for s in self.manifest.shards),
             self.seed,
             state.epoch,
             self.shuffle_buffer,
         )
-        self._yielded = 0
+        self._iterating, self._yielded = state, skip
         for lo, hi in mine:
             for a, b in order.chunks(lo, hi):
                 for item in self._read(order.indices(a, b)):
+                    self._yielded += 1  # before the yield: a state taken now counts it
                     yield item
-                    self._yielded += 1
 
     # --- internals ----------------------------------------------------------------------
     def _read(self, indices: np.ndarray) -> Iterator[tuple[Any, int]]:

@@ -325,3 +325,29 @@ def test_epoch_sampler_resumes_under_statefuldataloader(roots, workers):
     resumed = make()
     resumed.load_state_dict(state)
     assert first + digests(resumed) == whole
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["main", "fork2"])
+def test_stream_resumes_under_statefuldataloader(roots, workers):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make() -> Any:
+        stream = readers.WdsStream(roots["stream"], shuffle_buffer=8, seed=5, batch_size=4)
+        stream.set_epoch(2)
+        return stateful.StatefulDataLoader(
+            stream,
+            batch_size=4,
+            num_workers=workers,
+            collate_fn=readers.collate,
+            multiprocessing_context="fork" if workers else None,
+        )
+
+    whole = digests(make())
+    assert len(whole) == 8
+    for k in (1, 3):
+        loader = make()
+        first = take_batches(loader, k)
+        state = loader.state_dict()
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert first + digests(resumed) == whole
