@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from convert.cli_measure import bench, fail, tune
 from convert.pipeline import ON_ERROR, ConvertOptions, convert_folder, default_workers
 from convert.verify import verify_dataset
 from readers import __version__, spec
@@ -51,12 +52,6 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def _fail(ctx: click.Context, error: Exception) -> None:
-    if ctx.obj and ctx.obj.get("debug"):
-        raise error
-    raise click.ClickException(str(error)) from error
 
 
 @main.command()
@@ -219,7 +214,7 @@ def convert(
             progress=progress,
         )
     except (ValueError, OSError) as e:
-        _fail(ctx, e)
+        fail(ctx, e)
     except KeyboardInterrupt as e:
         done = "; ".join(getattr(e, "__notes__", []))
         click.echo(
@@ -269,7 +264,7 @@ def info(ctx: click.Context, dst: Path, as_json: bool) -> None:
     try:
         manifest = load_manifest(dst)
     except DatasetError as e:
-        _fail(ctx, e)
+        fail(ctx, e)
     click.echo(json.dumps(manifest.raw, indent=1) if as_json else describe(manifest))
 
 
@@ -300,6 +295,10 @@ def verify(dst: Path, deep: bool, progress: bool | None) -> None:
         raise click.ClickException(f"{len(report.problems)} problem(s) found in {dst}")
     what = "every sample decoded, content checksum matches" if deep else "sizes and checksums"
     click.echo(f"OK: {report.samples} samples in {report.shards} shard(s) ({what})")
+
+
+main.add_command(bench)
+main.add_command(tune)
 
 
 if __name__ == "__main__":

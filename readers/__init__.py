@@ -17,19 +17,23 @@ from __future__ import annotations
 
 from readers.base import ImageDataset, SampleBatch, collate
 from readers.decode import decode_image, decoder_name
+from readers.device import DevicePrefetcher
 from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
 from readers.loader import Loader, make_loader
+from readers.measure import WaitMeter, measure_wait
 from readers.pt import PtDataset
 from readers.registry import DATASETS, open_dataset
 from readers.sampler import EpochSampler
 from readers.spec import DatasetError, Manifest, load_manifest
 from readers.stream import WdsStream
+from readers.tune import tune_loader
 from readers.wds import WdsDataset
 
 __all__ = [
     "DATASETS",
     "DatasetError",
+    "DevicePrefetcher",
     "EpochSampler",
     "Hdf5Dataset",
     "ImageDataset",
@@ -38,6 +42,7 @@ __all__ = [
     "Manifest",
     "PtDataset",
     "SampleBatch",
+    "WaitMeter",
     "WdsDataset",
     "WdsStream",
     "collate",
@@ -45,7 +50,9 @@ __all__ = [
     "decoder_name",
     "load_manifest",
     "make_loader",
+    "measure_wait",
     "open_dataset",
+    "tune_loader",
 ]
 
 __version__ = "0.1.0"

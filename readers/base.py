@@ -168,6 +168,12 @@ class ImageDataset(Dataset):
             return SampleBatch(images, labels)
         return SampleBatch(self._load_batch(located), labels)
 
+    def stored(self, index: int) -> bytes | memoryview | np.ndarray:
+        """Sample ``index`` as stored, without decoding: the encoded bytes (a memoryview of
+        mmap'd pages for ``pt``) or, for ``raw``, the uint8 ``[H, W, 3]`` pixel array."""
+        shard, local = self._locate(index)
+        return self._shard(shard).read(local)
+
     def source_path(self, index: int) -> str:
         """The sample's file path relative to the folder it was converted from."""
         shard, local = self._locate(index)

@@ -1,0 +1,444 @@
+"""``imgpack bench``: random-read latency and throughput of datasets and image folders, on
+the user's own data and storage.
+
+Per path (an imgpack dataset of any format, or a plain ImageNet-layout folder read the way
+a training script reads files): the latency of one stored sample read without decoding and
+with decoding (p50/p90/p99/p99.9 over seeded random indices), batch reads
+(``__getitems__`` of ``batch_size`` random indices), sequential throughput, and DataLoader
+samples/s for each worker count; ``wds`` datasets also as a stream. Warm page cache by
+default (an untimed pass first); ``cold=True`` drops the dataset's own pages before each
+timed pass (``posix_fadvise(DONTNEED)``, no root needed) and reports what stayed resident.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import mmap
+import os
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import readers
+from convert.scan import scan_folder
+from readers import spec
+from readers.tune import collate_any, loader_rate
+
+__all__ = [
+    "PERCENTILES",
+    "Source",
+    "bench_path",
+    "drop_cache",
+    "format_table",
+    "machine_facts",
+    "open_source",
+    "resident_fraction",
+]
+
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+
+
+class FolderDataset(Dataset):
+    """What a training script reading image files does: open, read, decode, per sample."""
+
+    def __init__(self, root: Path, relpaths: list[str], labels: list[int]) -> None:
+        self.root, self.relpaths, self.labels = root, relpaths, labels
+
+    def __len__(self) -> int:
+        return len(self.relpaths)
+
+    def stored(self, index: int) -> bytes:
+        return (self.root / self.relpaths[index]).read_bytes()
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        pixels = readers.decode_image(self.stored(index), self.relpaths[index])
+        return torch.from_numpy(pixels).permute(2, 0, 1), self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, int]]:
+        return [self[i] for i in indices]
+
+
+@dataclass
+class Source:
+    """One path under test: how to (re)open it, its files, and how to load it."""
+
+    path: Path
+    kind: str  # a format id, or "folder"
+    files: list[Path]
+    open: Callable[[], Any]  # -> a map-style dataset with stored(i) and __getitems__
+    loader: Callable[[int, int], Any]  # (workers, batch_size) -> batches
+    stream: Callable[[int, int], Any] | None = None  # wds only
+
+    @property
+    def label(self) -> str:
+        return f"{self.path.name} ({self.kind})"
+
+
+def open_source(path: Path) -> Source:
+    """An imgpack dataset (any format) or a plain image folder."""
+    if (path / spec.MANIFEST_NAME).is_file():
+        manifest = readers.load_manifest(path)
+        files = [p for i in range(len(manifest.shards)) for p in _shard_files(manifest, i)]
+
+        def loader(workers: int, batch: int, stream: bool = False) -> Any:
+            return readers.make_loader(
+                path,
+                batch,
+                num_workers=workers,
+                distributed=False,
+                collate_fn=collate_any,
+                persistent_workers=workers > 0,
+                decode_threads=1 if workers else None,
+                stream=stream,
+            )
+
+        return Source(
+            path,
+            manifest.format,
+            files,
+            lambda: readers.open_dataset(path),
+            loader,
+            partial(loader, stream=True) if manifest.format == "wds" else None,
+        )
+    scan = scan_folder(path)
+    if not scan.samples:
+        raise FileNotFoundError(f"{path}: no images found below its class folders")
+    relpaths = [s.relpath for s in scan.samples]
+    labels = [s.label for s in scan.samples]
+
+    def folder_loader(workers: int, batch: int) -> Any:
+        return DataLoader(
+            FolderDataset(path, relpaths, labels),
+            batch_size=batch,
+            shuffle=True,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            collate_fn=collate_any,
+        )
+
+    return Source(
+        path,
+        "folder",
+        [path / r for r in relpaths],
+        lambda: FolderDataset(path, relpaths, labels),
+        folder_loader,
+    )
+
+
+def _shard_files(manifest: readers.Manifest, index: int) -> list[Path]:
+    shard = manifest.shard_path(index)
+    return [shard, *(shard.with_name(shard.name + s) for s in manifest.shards[index].sidecars)]
+
+
+# --- the page cache ---------------------------------------------------------------------------
+def drop_cache(files: list[Path]) -> str | None:
+    """Ask the kernel to drop these files' cached pages; the reason when it cannot."""
+    if not hasattr(os, "posix_fadvise"):
+        return "posix_fadvise is not available on this system"
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as e:
+            return f"{path}: {e.strerror}"
+        finally:
+            os.close(fd)
+    return None
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def resident_fraction(files: list[Path]) -> float | None:
+    """Share of these files' pages in the page cache (``mincore``), or None if unknown."""
+    page, resident, total = mmap.PAGESIZE, 0, 0
+    for path in files:
+        size = path.stat().st_size
+        if not size:
+            continue
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:
+            pages = (size + page - 1) // page
+            vec = (ctypes.c_ubyte * pages)()
+            start = ctypes.c_char.from_buffer(m)  # pins the map until deleted
+            ok = _libc.mincore(ctypes.byref(start), ctypes.c_size_t(size), vec) == 0
+            del start
+            if not ok:
+                return None
+            resident += sum(b & 1 for b in vec)
+            total += pages
+    return resident / total if total else None
+
+
+# --- measurements -----------------------------------------------------------------------------
+@dataclass
+class Measured:
+    """Every repeat of every figure, by name; medians and spreads on demand."""
+
+    values: dict[str, list[float]] = field(default_factory=dict)
+    latencies: dict[str, list[float]] = field(default_factory=dict)  # µs, every read
+
+    def add(self, name: str, value: float) -> None:
+        self.values.setdefault(name, []).append(value)
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.values[name]) if name in self.values else float("nan")
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            name: {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": v}
+            for name, v in self.values.items()
+        }
+
+
+def _latencies_us(read: Callable[[int], Any], indices: list[int]) -> np.ndarray:
+    out = np.empty(len(indices))
+    clock = time.perf_counter_ns
+    for k, i in enumerate(indices):
+        start = clock()
+        read(i)
+        out[k] = (clock() - start) / 1000
+    return out
+
+
+def _nbytes(value: Any) -> int:
+    return value.nbytes if isinstance(value, (np.ndarray, memoryview)) else len(value)
+
+
+def bench_path(
+    path: Path,
+    *,
+    samples: int = 1000,
+    batch_size: int = 64,
+    workers: tuple[int, ...] = (0, 2),
+    repeats: int = 3,
+    seed: int = 0,
+    cold: bool = False,
+    seconds: float = 1.0,
+    tick: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Every figure for one path (see the module docstring), as a JSON-ready dict."""
+    source = open_source(path)
+    tick = tick or (lambda _what: None)
+    rng = random.Random(seed)
+    measured = Measured()
+    n = len(source.open())
+    picks = [rng.randrange(n) for _ in range(samples)]
+    batches = [
+        [rng.randrange(n) for _ in range(batch_size)] for _ in range(max(1, samples // batch_size))
+    ]
+    sequential = range(min(n, max(samples, 5000)))
+    cache_notes: list[str] = []
+
+    def fresh() -> Any:
+        """The dataset reopened (nothing else holds its pages mapped), the cache dropped
+        first when cold."""
+        gc.collect()
+        if cold:
+            reason = drop_cache(source.files)
+            left = resident_fraction(source.files)
+            note = reason or (f"{100 * left:.1f} % still cached" if left is not None else "dropped")
+            cache_notes.append(note)
+        return source.open()
+
+    def latencies(name: str, read: Callable[[Any, int], Any]) -> None:
+        ds = fresh()
+        lat = _latencies_us(lambda i: read(ds, i), picks)
+        measured.latencies.setdefault(name, []).extend(lat.tolist())
+        for p in PERCENTILES:
+            measured.add(f"{name}_p{p:g}_us", float(np.percentile(lat, p)))
+
+    def batch_reads() -> None:
+        ds = fresh()
+        start = time.perf_counter()
+        for batch in batches:
+            ds.__getitems__(batch)
+        elapsed = time.perf_counter() - start
+        measured.add("batch_ms", 1000 * elapsed / len(batches))
+        measured.add("batch_samples_per_s", len(batches) * batch_size / elapsed)
+
+    def sequential_reads() -> None:
+        ds, total = fresh(), 0
+        start = time.perf_counter()
+        for i in sequential:
+            total += _nbytes(ds.stored(i))
+        elapsed = time.perf_counter() - start
+        measured.add("sequential_samples_per_s", len(sequential) / elapsed)
+        measured.add("sequential_mb_per_s", total / elapsed / 1e6)
+
+    def loader_reads(name: str, make: Callable[[int, int], Any], workers: int) -> None:
+        fresh()
+        measured.add(name, loader_rate(make(workers, batch_size), seconds)[0])
+
+    if not cold:  # warm: one untimed pass over what will be read
+        ds = source.open()
+        for i in [*picks, *sequential]:
+            ds.stored(i)
+        del ds
+    for _ in range(repeats):
+        latencies("stored", lambda ds, i: ds.stored(i))
+        latencies("decoded", lambda ds, i: ds[i])
+        tick("latency")
+        batch_reads()
+        sequential_reads()
+        tick("batches and sequential")
+        for w in workers:
+            loader_reads(f"loader_w{w}_samples_per_s", source.loader, w)
+            if source.stream is not None:
+                loader_reads(f"stream_w{w}_samples_per_s", source.stream, w)
+            tick(f"DataLoader workers={w}")
+    return {
+        "path": str(path),
+        "kind": source.kind,
+        "samples": n,
+        "bytes": sum(f.stat().st_size for f in source.files),
+        "cache": "cold" if cold else "warm",
+        "cache_notes": cache_notes,
+        "figures": measured.as_json(),
+        "latency_us": measured.latencies,
+    }
+
+
+def steps(paths: list[Path], repeats: int, workers: tuple[int, ...]) -> int:
+    """How many times ``bench_path`` calls ``tick`` over ``paths`` (for a progress bar)."""
+    return len(paths) * repeats * (2 + len(workers))
+
+
+def machine_facts(paths: list[Path]) -> dict[str, Any]:
+    """CPU count, library versions and, where the system says, each path's storage."""
+    import h5py
+    import lmdb
+    import PIL
+    import webdataset
+
+    return {
+        "cpus": len(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "pillow": PIL.__version__,
+        "h5py": h5py.__version__,
+        "lmdb": lmdb.__version__,
+        "webdataset": webdataset.__version__,
+        "jpeg_decoder": readers.decoder_name(),
+        "imgpack": readers.__version__,
+        "storage": {str(p): storage_of(p) for p in paths},
+    }
+
+
+def storage_of(path: Path) -> dict[str, Any]:
+    """The filesystem and block device holding ``path``, as far as /proc and /sys tell."""
+    facts: dict[str, Any] = {}
+    real = str(path.resolve())
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    best = max((m for m in mounts if real.startswith(m[1])), key=lambda m: len(m[1]), default=None)
+    if best:
+        facts.update(device=best[0], mount=best[1], filesystem=best[2])
+    dev = os.stat(real).st_dev
+    block = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    for name, rel in (("rotational", "queue/rotational"), ("model", "device/model")):
+        for base in (block, block / ".."):
+            if (base / rel).is_file():
+                facts[name] = (base / rel).read_text().strip()
+                break
+    return facts
+
+
+def iter_rows(results: list[dict[str, Any]], workers: tuple[int, ...]) -> Iterator[list[Any]]:
+    """The table's rows: one per path, and one more for a wds dataset read as a stream."""
+    for r in results:
+        f = {k: v["median"] for k, v in r["figures"].items()}
+        name = f"{Path(r['path']).name} ({r['kind']})"
+        yield [
+            name,
+            *(f[f"stored_p{p:g}_us"] for p in PERCENTILES),
+            *(f[f"decoded_p{p:g}_us"] for p in (50.0, 99.0)),
+            f["batch_ms"],
+            f["sequential_samples_per_s"],
+            f["sequential_mb_per_s"],
+            *(f[f"loader_w{w}_samples_per_s"] for w in workers),
+        ]
+        if f"stream_w{workers[0]}_samples_per_s" in f:
+            blank = [""] * (len(PERCENTILES) + 5)
+            yield [f"{name} stream", *blank, *(f[f"stream_w{w}_samples_per_s"] for w in workers)]
+
+
+def headers(workers: tuple[int, ...]) -> list[str]:
+    return [
+        "path",
+        *(f"raw p{p:g} µs" for p in PERCENTILES),
+        "decoded p50 µs",
+        "decoded p99 µs",
+        "batch ms",
+        "seq /s",
+        "seq MB/s",
+        *(f"loader w={w} /s" for w in workers),
+    ]
+
+
+def plot(results: list[dict[str, Any]], workers: tuple[int, ...], out: Path) -> None:
+    """Latency CDFs (log x) per path and the throughput bars, into ``out`` (a PNG)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError(
+            "--plot needs matplotlib: pip install 'imgpack[plot]' (or pip install matplotlib)"
+        ) from None
+    fig, (cdf, bars) = plt.subplots(1, 2, figsize=(13, 5))
+    for r in results:
+        name = f"{Path(r['path']).name} ({r['kind']})"
+        for kind, style in (("stored", "-"), ("decoded", "--")):
+            lat = np.sort(r["latency_us"][kind])
+            cdf.plot(lat, np.arange(1, len(lat) + 1) / len(lat), style, label=f"{name} {kind}")
+    cdf.set(xscale="log", xlabel="latency of one random read (µs)", ylabel="fraction of reads")
+    cdf.set_title("random reads: solid = stored bytes, dashed = decoded")
+    cdf.legend(fontsize=7)
+    cdf.grid(True, which="both", alpha=0.3)
+    labels = ["sequential", *(f"loader w={w}" for w in workers)]
+    width = 0.8 / max(1, len(results))
+    for k, r in enumerate(results):
+        f = r["figures"]
+        keys = ["sequential_samples_per_s", *(f"loader_w{w}_samples_per_s" for w in workers)]
+        values = [f[key]["median"] for key in keys]
+        x = np.arange(len(labels)) + k * width
+        bars.bar(x, values, width, label=f"{Path(r['path']).name} ({r['kind']})")
+    bars.set_xticks(np.arange(len(labels)) + width * (len(results) - 1) / 2, labels)
+    bars.set(ylabel="samples/s", yscale="log", title="throughput (medians)")
+    bars.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def format_table(head: list[str], rows: list[list[Any]]) -> str:
+    """Right-aligned columns, thousands separators, small figures with 2 decimals."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.2f}" if abs(v) < 10 else f"{v:,.0f}"
+        return str(v)
+
+    table = [head, *([cell(v) for v in row] for row in rows)]
+    widths = [max(len(r[c]) for r in table) for c in range(len(head))]
+    lines = [
+        "  ".join(
+            v.ljust(w) if c == 0 else v.rjust(w)
+            for c, (v, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in table
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,213 @@
+"""Which DataLoader settings keep the GPU busy, measured on the user's own data.
+
+:func:`tune_loader` sweeps ``num_workers`` (0 up to 2x the usable CPUs), in-process
+``decode_threads``, ``prefetch_factor`` (1, 2, 4) and, with CUDA, ``pin_memory``, through
+:func:`readers.make_loader`, cheapest setting first. For each it measures samples/s, the
+time to the first batch (what ``persistent_workers=False`` pays every epoch) and, given the
+model's compute time per batch (``step_ms``), the mean time the training loop waits for a
+batch. Past about 1.5x the compute speed more loader work buys nothing, so it recommends
+the cheapest setting that reaches 1.5x and stops there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from readers.base import ImageDataset, collate
+from readers.loader import make_loader
+
+__all__ = [
+    "HEADROOM",
+    "Setting",
+    "Trial",
+    "candidate_settings",
+    "collate_any",
+    "loader_rate",
+    "measure",
+    "recommend",
+    "sweep",
+    "tune_loader",
+]
+
+HEADROOM = 1.5  # loader speed over compute speed past which more loader work buys nothing
+SAME = 0.05  # rates within this fraction count as equal (prefer the cheaper setting)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One DataLoader configuration, as ``make_loader`` keyword arguments."""
+
+    num_workers: int
+    decode_threads: int
+    prefetch_factor: int | None
+    pin_memory: bool
+
+    @property
+    def cost(self) -> int:
+        """Processes and threads it keeps busy: what the cheapest setting minimises."""
+        return self.num_workers + 1 if self.num_workers else self.decode_threads
+
+    def kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"num_workers": self.num_workers}
+        if self.num_workers:
+            out.update(prefetch_factor=self.prefetch_factor, persistent_workers=True)
+        else:
+            out["decode_threads"] = self.decode_threads
+        if self.pin_memory:
+            out["pin_memory"] = True
+        return out
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.kwargs().items())
+
+
+@dataclass
+class Trial:
+    """What one setting measured."""
+
+    setting: Setting
+    samples_per_s: float
+    first_batch_ms: float
+    wait_ms: float | None = None  # mean per batch, with step_ms of compute after each
+    ratio: float | None = None  # loader batches/s over compute batches/s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "setting": self.setting.kwargs()}
+
+
+def candidate_settings(cpus: int | None = None, cuda: bool | None = None) -> list[Setting]:
+    """Every setting the sweep tries, cheapest first (then fewer prefetched batches)."""
+    cpus = cpus or len(os.sched_getaffinity(0))
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    settings = [Setting(0, t, None, pin) for t in range(1, cpus + 1) for pin in (False, cuda)]
+    settings += [
+        Setting(w, 1, p, pin)
+        for w in range(1, 2 * cpus + 1)
+        for p in (1, 2, 4)
+        for pin in (False, cuda)
+    ]
+    unique = list(dict.fromkeys(settings))
+    return sorted(unique, key=lambda s: (s.cost, s.num_workers, s.prefetch_factor or 0))
+
+
+def collate_any(batch: Any) -> Any:
+    """:func:`readers.collate`, but a batch of images of differing shapes stays a list
+    (what a variable-size dataset gives without a crop), so it can still be timed."""
+    try:
+        return collate(batch)
+    except RuntimeError:
+        return [image for image, _ in batch], torch.tensor([label for _, label in batch])
+
+
+def _batches(loader: Any) -> Iterator[Any]:
+    """Batches forever, epoch after epoch (a sample-sized dataset is a few batches)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the dataset gives no batch: is batch_size larger than it?")
+
+
+def _timed(batches: Iterator[Any], seconds: float, step_s: float) -> tuple[int, float, float]:
+    """Samples, elapsed seconds and seconds spent waiting over at least ``seconds`` and 5
+    batches, sleeping ``step_s`` after each (the model's compute, GIL released)."""
+    samples, waited, count = 0, 0.0, 0
+    start = time.perf_counter()
+    while count < 5 or time.perf_counter() - start < seconds:
+        asked = time.perf_counter()
+        _images, labels = next(batches)
+        waited += time.perf_counter() - asked
+        samples, count = samples + len(labels), count + 1
+        if step_s:
+            time.sleep(step_s)
+    return samples, time.perf_counter() - start, waited / count
+
+
+def loader_rate(loader: Any, seconds: float = 0.5) -> tuple[float, float, Iterator[Any]]:
+    """Samples/s of ``loader`` once running, the ms to its first batch, and its batches
+    (to go on timing)."""
+    start = time.perf_counter()
+    batches = _batches(loader)
+    next(batches)
+    first_ms = 1000 * (time.perf_counter() - start)
+    next(batches)  # one more before timing: every worker has started
+    samples, elapsed, _ = _timed(batches, seconds, 0.0)
+    return samples / elapsed, first_ms, batches
+
+
+def measure(
+    source: str | os.PathLike[str] | ImageDataset,
+    setting: Setting,
+    batch_size: int,
+    step_ms: float | None = None,
+    seconds: float = 0.5,
+) -> Trial:
+    """Samples/s, time to the first batch and (with ``step_ms``) the mean wait per batch."""
+    with warnings.catch_warnings():  # more workers than CPUs is what is being measured
+        warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+        loader = make_loader(
+            source,
+            batch_size,
+            seed=0,
+            distributed=False,
+            collate_fn=collate_any,
+            **setting.kwargs(),
+        )
+        rate, first_ms, batches = loader_rate(loader, seconds)
+        trial = Trial(setting, rate, first_ms)
+        if step_ms:
+            _, _, wait_s = _timed(batches, seconds, step_ms / 1000)
+            trial.wait_ms = 1000 * wait_s
+            trial.ratio = (trial.samples_per_s / batch_size) / (1000 / step_ms)
+    return trial
+
+
+def sweep(
+    source: str | os.PathLike[str] | ImageDataset,
+    batch_size: int = 64,
+    step_ms: float | None = None,
+    seconds: float = 0.5,
+    settings: list[Setting] | None = None,
+    report: Callable[[Trial], None] | None = None,
+) -> list[Trial]:
+    """Measure ``settings`` (default: :func:`candidate_settings`) in order; with
+    ``step_ms``, stop at the first that reaches ``HEADROOM`` times the compute speed."""
+    trials = []
+    for setting in settings or candidate_settings():
+        trials.append(measure(source, setting, batch_size, step_ms, seconds))
+        if report is not None:
+            report(trials[-1])
+        if step_ms and (trials[-1].ratio or 0) >= HEADROOM:
+            break
+    return trials
+
+
+def recommend(trials: list[Trial], step_ms: float | None = None) -> Trial:
+    """The first (cheapest) trial reaching ``HEADROOM`` with ``step_ms``; otherwise the
+    cheapest whose rate is within ``SAME`` of the fastest."""
+    if step_ms:
+        enough = [t for t in trials if (t.ratio or 0) >= HEADROOM]
+        if enough:
+            return enough[0]
+    fastest = max(t.samples_per_s for t in trials)
+    return next(t for t in trials if t.samples_per_s >= (1 - SAME) * fastest)
+
+
+def tune_loader(
+    dataset_or_path: str | os.PathLike[str] | ImageDataset,
+    batch_size: int = 64,
+    step_ms: float | None = None,
+    seconds: float = 0.5,
+) -> dict[str, Any]:
+    """The recommended ``make_loader`` keyword arguments for this data on this machine."""
+    trials = sweep(dataset_or_path, batch_size, step_ms, seconds)
+    return recommend(trials, step_ms).setting.kwargs()

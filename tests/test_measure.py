@@ -1,0 +1,181 @@
+"""Measuring: ``ds.stored``, ``imgpack bench``, ``imgpack tune`` / ``readers.tune_loader``,
+the stall meter and the device prefetcher's CPU path, on sample_data (small and fast: these
+check structure and sanity, not speed)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+import readers
+from convert.bench import resident_fraction
+from convert.cli import main
+from readers import spec, tune
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+def run(*args: object):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("fmt", spec.FORMATS)
+@pytest.mark.parametrize("case", ["raw-fixed", "jpeg"])
+def test_stored_gives_the_undecoded_sample(converted, fmt, case):
+    ds = readers.open_dataset(converted(fmt, case))
+    for i in (0, 17, 31):
+        value = ds.stored(i)
+        image, _ = ds[i]
+        if case == "raw-fixed":
+            assert isinstance(value, np.ndarray) and value.dtype == np.uint8
+            assert torch.equal(
+                torch.from_numpy(np.ascontiguousarray(value)).permute(2, 0, 1), image
+            )
+        else:
+            assert not isinstance(value, np.ndarray)
+            assert torch.equal(
+                torch.from_numpy(readers.decode_image(value)).permute(2, 0, 1), image
+            )
+
+
+def test_bench_measures_datasets_and_a_plain_folder(converted, sample_data, tmp_path):
+    wds = converted("wds", "raw-fixed", shard_size=4, shuffle=True, seed=1)
+    pt = converted("pt", "jpeg")
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = run(
+        "bench", pt, wds, sample_data, "--samples", 100, "--repeats", 2, "--workers", "0,1",
+        "--batch-size", 8, "--json", out, "--plot", png,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split()[:3] == ["path", "raw", "p50"]
+    assert any(line.startswith(f"{wds.name} (wds) stream") for line in lines)
+    assert any(line.startswith("sample_data (folder)") for line in lines)
+    assert "cache: warm" in result.output
+    document = json.loads(out.read_text())
+    assert document["machine"]["cpus"] >= 1 and "torch" in document["machine"]
+    assert set(document["machine"]["storage"]) == {str(pt), str(wds), str(sample_data)}
+    kinds = [r["kind"] for r in document["results"]]
+    assert kinds == ["pt", "wds", "folder"]
+    for r in document["results"]:
+        assert r["samples"] == 32 and r["bytes"] > 0
+        figures = r["figures"]
+        for name in ("stored", "decoded"):
+            p = [figures[f"{name}_p{q}_us"]["median"] for q in ("50", "90", "99", "99.9")]
+            assert 0 < p[0] <= p[1] <= p[2] <= p[3], (r["kind"], name, p)
+            assert len(r["latency_us"][name]) == 2 * 100
+        for key in ("batch_ms", "sequential_samples_per_s", "sequential_mb_per_s",
+                    "loader_w0_samples_per_s", "loader_w1_samples_per_s"):  # fmt: skip
+            assert figures[key]["median"] > 0 and len(figures[key]["runs"]) == 2
+        assert ("stream_w1_samples_per_s" in figures) == (r["kind"] == "wds")
+    with Image.open(png) as image:
+        assert image.size[0] > 800
+
+
+def test_bench_cold_drops_the_datasets_pages_and_says_so(converted, tmp_path):
+    root = converted("lmdb", "raw-fixed")
+    files = [p for p in root.iterdir() if p.name.startswith(spec.SHARD_PREFIX)]
+    result = run("bench", root, "--samples", 50, "--repeats", 1, "--workers", "0", "--cold")
+    assert result.exit_code == 0, result.output
+    assert "cache: cold" in result.output
+    assert "% still cached" in result.output or "cannot" in result.output
+    assert resident_fraction(files) is not None
+
+
+def test_bench_plot_without_matplotlib_says_how_to_install_it(converted, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    root = converted("pt", "raw-fixed")
+    result = run("bench", root, "--samples", 20, "--repeats", 1, "--workers", "0",
+                 "--plot", tmp_path / "x.png")  # fmt: skip
+    assert result.exit_code == 1
+    assert "pip install 'imgpack[plot]'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bench_refuses_a_folder_without_images(tmp_path):
+    (tmp_path / "empty" / "class_a").mkdir(parents=True)
+    result = run("bench", tmp_path / "empty", "--repeats", 1)
+    assert result.exit_code == 1 and "no images" in result.output
+
+
+def test_tune_prints_each_setting_and_a_recommendation_from_them(converted):
+    root = converted("lmdb", "jpeg", center_crop=64)
+    result = run("tune", root, "--batch-size", 8, "--seconds", 0.1)
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("num_workers=")]
+    assert len(rows) == len(tune.candidate_settings())  # no step: the whole sweep
+    assert "recommended:" in result.output
+    advice = result.output.splitlines()[-1]
+    assert advice.startswith(f"readers.make_loader({str(root)!r}, batch_size=8, **{{")
+    kwargs = ast.literal_eval(advice.split("**", 1)[1].rstrip(")"))  # the dict as printed
+    assert kwargs in [s.kwargs() for s in tune.candidate_settings()]
+
+
+def test_tune_with_a_step_time_stops_at_the_cheapest_setting_with_headroom(converted):
+    root = converted("pt", "raw-fixed")  # raw pt: far faster than a 50 ms model step
+    trials = tune.sweep(root, batch_size=8, step_ms=50, seconds=0.1)
+    assert len(trials) == 1 and trials[0].ratio >= tune.HEADROOM
+    assert trials[0].wait_ms is not None and trials[0].wait_ms < 50
+    assert (
+        readers.tune_loader(root, batch_size=8, step_ms=50, seconds=0.1)
+        == trials[0].setting.kwargs()
+    )
+    result = run("tune", root, "--batch-size", 8, "--seconds", 0.1, "--step-ms", 50)
+    assert "loading is not the bottleneck" in result.output
+
+
+def test_tune_recommends_the_fastest_when_nothing_clears_the_headroom():
+    fast = tune.Trial(tune.Setting(2, 1, 2, False), 900.0, 50.0, 5.0, 1.2)
+    cheap = tune.Trial(tune.Setting(0, 1, None, False), 400.0, 5.0, 30.0, 0.5)
+    same = tune.Trial(tune.Setting(1, 1, 2, False), 880.0, 40.0, 6.0, 1.17)
+    assert tune.recommend([cheap, same, fast], step_ms=40) is same  # within 5 %, cheaper
+    assert tune.recommend([cheap, fast], step_ms=40) is fast
+
+
+def test_measure_wait_reports_an_injected_delay():
+    def slow_batches(n: int, delay: float):
+        for k in range(n):
+            time.sleep(delay)
+            yield torch.zeros(2, 3), torch.tensor([k, k])
+
+    meter = readers.measure_wait(slow_batches(21, 0.02))
+    for _ in meter:
+        time.sleep(0.005)  # the model's step
+    report = meter.report()
+    assert report["batches"] == 21
+    assert 0.6 < report["wait_fraction"] < 0.9  # ~20 of every ~25 ms
+    assert 15 < report["wait_ms_p50"] < 40 and report["wait_ms_p99"] >= report["wait_ms_p50"]
+    assert 25 < report["batches_per_s"] < 50
+    assert "the data pipeline is the bottleneck" in str(report)
+    quick = readers.measure_wait(slow_batches(11, 0.0))
+    for _ in quick:
+        time.sleep(0.01)
+    assert quick.report()["wait_fraction"] < 0.1
+    assert "keeps up" in str(quick.report())
+
+
+def test_device_prefetcher_on_the_cpu_equals_the_plain_conversion(converted):
+    loader = readers.make_loader(converted("hdf5", "raw-fixed"), 8, seed=3)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    plain = [(x.float().div(255), y) for x, y in loader]
+    loader.set_epoch(0)
+    fed = list(readers.DevicePrefetcher(loader, "cpu", mean=mean, std=std, channels_last=True))
+    assert len(fed) == len(plain) == 4
+    m, s = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
+    for (x, y), (want, labels) in zip(fed, plain, strict=True):
+        assert x.dtype == torch.float32 and x.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(x, (want - m) / s)
+        assert torch.equal(y, labels)
+    loader.set_epoch(0)
+    unnormalised = next(iter(readers.DevicePrefetcher(loader, "cpu")))[0]
+    assert unnormalised.is_contiguous() and torch.equal(unnormalised, plain[0][0])
+    with pytest.raises(ValueError, match="both"):
+        readers.DevicePrefetcher(loader, mean=mean)
