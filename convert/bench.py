@@ -49,11 +49,27 @@ __all__ = [
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
 
+class CentreCrop:
+    """The centre ``size`` x ``size`` of a ``[3, H, W]`` image (a view; padded never): what
+    ``--crop`` applies in DataLoader runs, so that batches of varying sizes stack."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        h, w = image.shape[-2:]
+        top, left = max(0, (h - self.size) // 2), max(0, (w - self.size) // 2)
+        return image[..., top : top + self.size, left : left + self.size]
+
+
 class FolderDataset(Dataset):
     """What a training script reading image files does: open, read, decode, per sample."""
 
-    def __init__(self, root: Path, relpaths: list[str], labels: list[int]) -> None:
+    def __init__(
+        self, root: Path, relpaths: list[str], labels: list[int], transform: Any = None
+    ) -> None:
         self.root, self.relpaths, self.labels = root, relpaths, labels
+        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.relpaths)
@@ -63,7 +79,8 @@ class FolderDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         pixels = readers.decode_image(self.stored(index), self.relpaths[index])
-        return torch.from_numpy(pixels).permute(2, 0, 1), self.labels[index]
+        image = torch.from_numpy(pixels).permute(2, 0, 1)
+        return self.transform(image) if self.transform else image, self.labels[index]
 
     def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, int]]:
         return [self[i] for i in indices]
@@ -77,8 +94,9 @@ class Source:
     kind: str  # a format id, or "folder"
     files: list[Path]
     open: Callable[[], Any]  # -> a map-style dataset with stored(i) and __getitems__
-    loader: Callable[[int, int], Any]  # (workers, batch_size) -> batches
-    stream: Callable[[int, int], Any] | None = None  # wds only
+    loader: Callable[[int, int, Any], Any]  # (workers, batch_size, transform) -> batches
+    stream: Callable[[int, int, Any], Any] | None = None  # wds only
+    shape: tuple[int, int, int] | None = None  # (H, W, 3) when every sample has it
 
     @property
     def label(self) -> str:
@@ -91,10 +109,11 @@ def open_source(path: Path) -> Source:
         manifest = readers.load_manifest(path)
         files = [p for i in range(len(manifest.shards)) for p in _shard_files(manifest, i)]
 
-        def loader(workers: int, batch: int, stream: bool = False) -> Any:
+        def loader(workers: int, batch: int, transform: Any, stream: bool = False) -> Any:
             return readers.make_loader(
                 path,
                 batch,
+                transform=transform,
                 num_workers=workers,
                 distributed=False,
                 collate_fn=collate_any,
@@ -110,6 +129,7 @@ def open_source(path: Path) -> Source:
             lambda: readers.open_dataset(path),
             loader,
             partial(loader, stream=True) if manifest.format == "wds" else None,
+            manifest.shape,
         )
     scan = scan_folder(path)
     if not scan.samples:
@@ -117,9 +137,9 @@ def open_source(path: Path) -> Source:
     relpaths = [s.relpath for s in scan.samples]
     labels = [s.label for s in scan.samples]
 
-    def folder_loader(workers: int, batch: int) -> Any:
+    def folder_loader(workers: int, batch: int, transform: Any) -> Any:
         return DataLoader(
-            FolderDataset(path, relpaths, labels),
+            FolderDataset(path, relpaths, labels, transform),
             batch_size=batch,
             shuffle=True,
             num_workers=workers,
@@ -225,6 +245,7 @@ def bench_path(
     seed: int = 0,
     cold: bool = False,
     seconds: float = 1.0,
+    crop: int | None = None,
     tick: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Every figure for one path (see the module docstring), as a JSON-ready dict."""
@@ -276,9 +297,11 @@ def bench_path(
         measured.add("sequential_samples_per_s", len(sequential) / elapsed)
         measured.add("sequential_mb_per_s", total / elapsed / 1e6)
 
-    def loader_reads(name: str, make: Callable[[int, int], Any], workers: int) -> None:
+    def loader_reads(name: str, make: Callable[[int, int, Any], Any], workers: int) -> None:
         fresh()
-        measured.add(name, loader_rate(make(workers, batch_size), seconds)[0])
+        cropped = source.shape is not None and source.shape[:2] == (crop, crop)
+        transform = CentreCrop(crop) if crop and not cropped else None
+        measured.add(name, loader_rate(make(workers, batch_size, transform), seconds)[0])
 
     if not cold:  # warm: one untimed pass over what will be read
         ds = source.open()
@@ -303,6 +326,7 @@ def bench_path(
         "samples": n,
         "bytes": sum(f.stat().st_size for f in source.files),
         "cache": "cold" if cold else "warm",
+        "crop": crop,
         "cache_notes": cache_notes,
         "figures": measured.as_json(),
         "latency_us": measured.latencies,
@@ -399,11 +423,12 @@ def plot(results: list[dict[str, Any]], workers: tuple[int, ...], out: Path) -> 
             "--plot needs matplotlib: pip install 'imgpack[plot]' (or pip install matplotlib)"
         ) from None
     fig, (cdf, bars) = plt.subplots(1, 2, figsize=(13, 5))
-    for r in results:
+    for k, r in enumerate(results):
         name = f"{Path(r['path']).name} ({r['kind']})"
         for kind, style in (("stored", "-"), ("decoded", "--")):
             lat = np.sort(r["latency_us"][kind])
-            cdf.plot(lat, np.arange(1, len(lat) + 1) / len(lat), style, label=f"{name} {kind}")
+            fraction = np.arange(1, len(lat) + 1) / len(lat)
+            cdf.plot(lat, fraction, style, color=f"C{k}", label=f"{name} {kind}")
     cdf.set(xscale="log", xlabel="latency of one random read (µs)", ylabel="fraction of reads")
     cdf.set_title("random reads: solid = stored bytes, dashed = decoded")
     cdf.legend(fontsize=7)
@@ -415,7 +440,7 @@ def plot(results: list[dict[str, Any]], workers: tuple[int, ...], out: Path) -> 
         keys = ["sequential_samples_per_s", *(f"loader_w{w}_samples_per_s" for w in workers)]
         values = [f[key]["median"] for key in keys]
         x = np.arange(len(labels)) + k * width
-        bars.bar(x, values, width, label=f"{Path(r['path']).name} ({r['kind']})")
+        bars.bar(x, values, width, color=f"C{k}", label=f"{Path(r['path']).name} ({r['kind']})")
     bars.set_xticks(np.arange(len(labels)) + width * (len(results) - 1) / 2, labels)
     bars.set(ylabel="samples/s", yscale="log", title="throughput (medians)")
     bars.legend(fontsize=7)

@@ -47,6 +47,18 @@ def _worker_counts(ctx: click.Context, param: click.Parameter, value: str) -> tu
 @click.option("--repeats", default=3, show_default=True, help="Timed runs of every figure.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random indices.")
 @click.option(
+    "--seconds",
+    default=1.0,
+    show_default=True,
+    help="Timed seconds of each DataLoader measurement.",
+)
+@click.option(
+    "--crop",
+    type=int,
+    help="Centre-crop images to this size in the DataLoader runs, as training would, so "
+    "that batches of images of different sizes stack (without it they travel as lists).",
+)
+@click.option(
     "--cold",
     is_flag=True,
     help="Drop the page cache of each dataset's own files before every timed run "
@@ -69,6 +81,8 @@ def bench(
     workers: tuple[int, ...],
     repeats: int,
     seed: int,
+    seconds: float,
+    crop: int | None,
     cold: bool,
     json_path: Path | None,
     plot_path: Path | None,
@@ -101,6 +115,8 @@ def bench(
                     workers=workers,
                     repeats=repeats,
                     seed=seed,
+                    seconds=seconds,
+                    crop=crop,
                     cold=cold,
                     tick=lambda _what: bar.update(),
                 )
@@ -140,9 +156,20 @@ def bench(
 )
 @click.option("--batch-size", default=64, show_default=True, help="Samples per batch.")
 @click.option("--seconds", default=0.5, show_default=True, help="Timed seconds per setting.")
+@click.option(
+    "--crop",
+    type=int,
+    help="Centre-crop images to this size, as training would (images of one size stack "
+    "into one tensor; without a crop, images of different sizes travel as lists).",
+)
 @click.pass_context
 def tune(
-    ctx: click.Context, path: Path, step_ms: float | None, batch_size: int, seconds: float
+    ctx: click.Context,
+    path: Path,
+    step_ms: float | None,
+    batch_size: int,
+    seconds: float,
+    crop: int | None,
 ) -> None:
     """Which DataLoader settings keep the GPU busy? Measure num_workers, decode_threads,
     prefetch_factor (and pin_memory with CUDA) on the dataset at PATH, cheapest first, and
@@ -151,19 +178,20 @@ def tune(
     \b
     imgpack tune /data/in1k-pt --step-ms 40 --batch-size 256
     """
-    head = ["setting", "samples/s", "first batch ms"]
+    head = f"{'setting':<58} {'samples/s':>9} {'first batch ms':>14}"
     if step_ms:
-        head += ["wait ms/batch", "loader/compute"]
-    click.echo("  ".join(head))
+        head += f" {'wait ms/batch':>13} {'loader/compute':>15}"
+    click.echo(head)
 
     def show(t: tuning.Trial) -> None:
-        row = f"{t.setting!s:<48} {t.samples_per_s:>10,.0f} {t.first_batch_ms:>10,.0f}"
+        row = f"{t.setting!s:<58} {t.samples_per_s:>9,.0f} {t.first_batch_ms:>14,.0f}"
         if t.wait_ms is not None:
-            row += f" {t.wait_ms:>10.1f} {t.ratio:>9.2f}x"
+            row += f" {t.wait_ms:>13.1f} {t.ratio:>14.2f}x"
         click.echo(row)
 
     try:
-        trials = tuning.sweep(path, batch_size, step_ms, seconds, report=show)
+        transform = measure.CentreCrop(crop) if crop else None
+        trials = tuning.sweep(path, batch_size, step_ms, seconds, report=show, transform=transform)
     except (DatasetError, ValueError) as e:
         fail(ctx, e)
     best = tuning.recommend(trials, step_ms)
@@ -186,7 +214,9 @@ def tune(
             f"persistent_workers=True: without it every epoch pays the "
             f"{best.first_batch_ms:,.0f} ms its workers took to start."
         )
-    click.echo("recommended:")
+    click.echo(
+        "recommended" + (f" (with your {crop}-pixel crop as transform=)" if crop else "") + ":"
+    )
     click.echo(
         f"readers.make_loader({str(path)!r}, batch_size={batch_size}, **{best.setting.kwargs()!r})"
     )

@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from readers.base import ImageDataset, collate
+from readers.base import ImageDataset, SampleBatch, collate
 from readers.loader import make_loader
+from readers.spec import load_manifest
 
 __all__ = [
     "HEADROOM",
@@ -100,10 +101,10 @@ def candidate_settings(cpus: int | None = None, cuda: bool | None = None) -> lis
 def collate_any(batch: Any) -> Any:
     """:func:`readers.collate`, but a batch of images of differing shapes stays a list
     (what a variable-size dataset gives without a crop), so it can still be timed."""
-    try:
+    images = batch.images if isinstance(batch, SampleBatch) else [image for image, _ in batch]
+    if isinstance(images, torch.Tensor) or len({tuple(i.shape) for i in images}) == 1:
         return collate(batch)
-    except RuntimeError:
-        return [image for image, _ in batch], torch.tensor([label for _, label in batch])
+    return list(images), torch.tensor([int(label) for _, label in batch])
 
 
 def _batches(loader: Any) -> Iterator[Any]:
@@ -150,6 +151,7 @@ def measure(
     batch_size: int,
     step_ms: float | None = None,
     seconds: float = 0.5,
+    transform: Any = None,
 ) -> Trial:
     """Samples/s, time to the first batch and (with ``step_ms``) the mean wait per batch."""
     with warnings.catch_warnings():  # more workers than CPUs is what is being measured
@@ -160,6 +162,7 @@ def measure(
             seed=0,
             distributed=False,
             collate_fn=collate_any,
+            transform=transform,
             **setting.kwargs(),
         )
         rate, first_ms, batches = loader_rate(loader, seconds)
@@ -171,6 +174,22 @@ def measure(
     return trial
 
 
+def warm_page_cache(source: str | os.PathLike[str] | ImageDataset) -> bool:
+    """Read the dataset's files once when they fit in half the available memory, so that
+    the first setting measured does not pay for the disk and the later ones not; False
+    when they do not fit (then every setting reads from the disk, as training will)."""
+    manifest = source.manifest if isinstance(source, ImageDataset) else load_manifest(source)
+    paths = [manifest.shard_path(i) for i in range(len(manifest.shards))]
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if sum(p.stat().st_size for p in paths) > available // 2:
+        return False
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(16 << 20):
+                pass
+    return True
+
+
 def sweep(
     source: str | os.PathLike[str] | ImageDataset,
     batch_size: int = 64,
@@ -178,12 +197,15 @@ def sweep(
     seconds: float = 0.5,
     settings: list[Setting] | None = None,
     report: Callable[[Trial], None] | None = None,
+    transform: Any = None,
 ) -> list[Trial]:
-    """Measure ``settings`` (default: :func:`candidate_settings`) in order; with
-    ``step_ms``, stop at the first that reaches ``HEADROOM`` times the compute speed."""
+    """Measure ``settings`` (default: :func:`candidate_settings`) in order, page cache
+    warmed first; with ``step_ms``, stop at the first that reaches ``HEADROOM`` times the
+    compute speed."""
+    warm_page_cache(source)
     trials = []
     for setting in settings or candidate_settings():
-        trials.append(measure(source, setting, batch_size, step_ms, seconds))
+        trials.append(measure(source, setting, batch_size, step_ms, seconds, transform))
         if report is not None:
             report(trials[-1])
         if step_ms and (trials[-1].ratio or 0) >= HEADROOM:
@@ -207,7 +229,9 @@ def tune_loader(
     batch_size: int = 64,
     step_ms: float | None = None,
     seconds: float = 0.5,
+    transform: Any = None,
 ) -> dict[str, Any]:
-    """The recommended ``make_loader`` keyword arguments for this data on this machine."""
-    trials = sweep(dataset_or_path, batch_size, step_ms, seconds)
+    """The recommended ``make_loader`` keyword arguments for this data on this machine
+    (``transform``: the one training will use, e.g. a crop that makes batches stack)."""
+    trials = sweep(dataset_or_path, batch_size, step_ms, seconds, transform=transform)
     return recommend(trials, step_ms).setting.kwargs()
