@@ -79,7 +79,15 @@ def _interrupt(signum: int, frame: object) -> None:
     "--resize",
     type=int,
     metavar="S",
-    help="Resize the shorter side to S pixels, keeping the aspect ratio.",
+    help="Resize the shorter side to S pixels, keeping the aspect ratio. A JPEG at least "
+    "twice as large is first decoded scaled down in the DCT domain (faster; pixels within a "
+    "few levels of the exact path) unless --exact-resize.",
+)
+@click.option(
+    "--exact-resize",
+    is_flag=True,
+    help="Decode every image at full size before --resize (torchvision's exact pixels; "
+    "slower on large JPEGs).",
 )
 @click.option(
     "--center-crop",
@@ -165,6 +173,7 @@ def convert(
     fmt: str,
     encoding: str,
     resize: int | None,
+    exact_resize: bool,
     center_crop: int | None,
     quality: int,
     shard_size: int | None,
@@ -192,6 +201,7 @@ def convert(
         format=fmt,
         encoding=encoding,
         resize=resize,
+        exact_resize=exact_resize,
         center_crop=center_crop,
         quality=quality,
         shard_size=shard_size,

@@ -88,6 +88,7 @@ class ConvertOptions:
     seed: int = 0
     compression: str | None = None
     max_pixels: int | None = None  # None: Pillow's decompression-bomb limit
+    exact_resize: bool = False  # else large JPEGs are decoded DCT-scaled before --resize
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option and the fix."""
@@ -113,7 +114,9 @@ class ConvertOptions:
 
     @property
     def transform(self) -> Transform:
-        return Transform(self.encoding, self.resize, self.center_crop, self.quality)
+        return Transform(
+            self.encoding, self.resize, self.center_crop, self.quality, self.exact_resize
+        )
 
     def shard_limits(self) -> tuple[int | None, int | None]:
         return (

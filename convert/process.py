@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from readers.decode import decode_image, encode_jpeg, is_jpeg
+from readers.decode import decode_image, encode_jpeg, is_jpeg, jpeg_size
 
 __all__ = ["Prepared", "Transform", "center_crop", "prepare", "resize_shorter"]
 
@@ -39,6 +39,7 @@ class Transform:
     resize: int | None = None
     center_crop: int | None = None
     quality: int = 90
+    exact_resize: bool = False
 
     def output_shape(self) -> tuple[int, int, int] | None:
         """The fixed [H, W, 3] every sample gets, or None when shapes vary."""
@@ -56,14 +57,19 @@ class Prepared:
     shape: tuple[int, int, int]  # [H, W, 3] of the decoded image
 
 
-def resize_shorter(pixels: np.ndarray, size: int) -> np.ndarray:
-    """Scale so the shorter side is ``size``, keeping the aspect (torchvision's rule)."""
-    h, w = pixels.shape[:2]
+def resize_shorter(
+    pixels: np.ndarray, size: int, source: tuple[int, int] | None = None
+) -> np.ndarray:
+    """Scale so the shorter side is ``size``, keeping the aspect (torchvision's rule).
+
+    ``source`` is the ``(height, width)`` the output size is computed from when
+    ``pixels`` were decoded downscaled: the result has the full-size path's shape."""
+    h, w = source or pixels.shape[:2]
     short, long = (h, w) if h <= w else (w, h)
-    if short == size:
-        return pixels
     new_long = int(size * long / short)
     new_h, new_w = (size, new_long) if h <= w else (new_long, size)
+    if pixels.shape[:2] == (new_h, new_w):
+        return pixels
     batch = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1).unsqueeze(0)
     resized = F.interpolate(batch, size=(new_h, new_w), mode="bilinear", antialias=True)
     return resized[0].permute(1, 2, 0).contiguous().numpy()
@@ -94,11 +100,14 @@ def _original_ext(data: bytes, name: str) -> str:
 
 def prepare(data: bytes, name: str, t: Transform) -> Prepared:
     """Turn one source file's bytes into the stored sample; ValueError names a bad file."""
-    pixels = decode_image(data, name)  # also the check that 'original' bytes decode
-    if t.encoding == "original":
+    if t.encoding == "original":  # a full decode: the check that the bytes decode
+        pixels = decode_image(data, name)
         return Prepared(data, _original_ext(data, name), pixels.shape)
+    scaled = t.resize is not None and not t.exact_resize
+    full_size = jpeg_size(data) if scaled else None  # (height, width), upright
+    pixels = decode_image(data, name, min_side=t.resize if full_size else None)
     if t.resize:
-        pixels = resize_shorter(pixels, t.resize)
+        pixels = resize_shorter(pixels, t.resize, full_size)
     if t.center_crop:
         pixels = center_crop(pixels, t.center_crop)
     if t.encoding == "jpeg":

@@ -13,11 +13,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DATA = ROOT / "sample_data"
 
 # The geometry each encoding is tested with: fixed-size raw, variable raw, resized JPEG,
-# untouched originals.
+# untouched originals. They resize exactly, as torchvision does, so that their pixels can be
+# compared with torchvision's; tests/test_decode.py covers the default DCT-scaled decode.
 ENCODING_CASES = {
-    "raw-fixed": {"encoding": "raw", "resize": 72, "center_crop": 64},
-    "raw-variable": {"encoding": "raw", "resize": 48},
-    "jpeg": {"encoding": "jpeg", "resize": 80},
+    "raw-fixed": {"encoding": "raw", "resize": 72, "center_crop": 64, "exact_resize": True},
+    "raw-variable": {"encoding": "raw", "resize": 48, "exact_resize": True},
+    "jpeg": {"encoding": "jpeg", "resize": 80, "exact_resize": True},
     "original": {"encoding": "original"},
 }
 

@@ -1,0 +1,183 @@
+"""How long one JPEG takes to decode, by decoder, on one core: Pillow, Pillow with
+``draft()`` (DCT-domain downscaling), PyTurboJPEG, PyTurboJPEG with a scaling factor, and a
+predecoded read (a copy of the decoded pixels, what a raw dataset costs at least).
+
+Two sets: 2560x1440 photos (mosaics of the freely licensed photos the sample data comes
+from, each piece scaled at most 1.6x, unsharp-masked, q90 4:2:0), and ImageNet-sized
+JPEGs from the benchmark folder. The scaled decoders produce the smallest image whose
+shorter side is still >= ``--target`` (256: what a conversion with ``--resize 256``
+needs), as the converter does unless ``--exact-resize``.
+
+Then the conversion speed-up this buys on large sources: ``convert_folder`` of
+``--convert`` such 2560x1440 JPEGs (``--encoding jpeg --resize 256``, 2 workers), with the
+default DCT-scaled decode against ``--exact-resize``, alternating, medians.
+
+    .venv/bin/python scripts/bench_decode.py [--folder bench-data/folder] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageFilter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_sample_data import load_photo
+
+import readers
+from convert import ConvertOptions, convert_folder
+from readers.decode import dct_scale
+
+ROOT = Path(__file__).resolve().parent.parent
+MOSAIC = ("hubble", "coffee", "rocket", "astronaut", "chelsea", "china", "flower")
+
+
+def mosaic(size: tuple[int, int], seed: int) -> bytes:
+    """A ``size`` JPEG tiled from the photos, each tile at most 1.6x its native scale."""
+    rng = np.random.default_rng(seed)
+    canvas = Image.new("RGB", size)
+    x = 0
+    while x < size[0]:
+        y, column = 0, 0
+        while y < size[1]:
+            photo = load_photo(MOSAIC[rng.integers(len(MOSAIC))]).convert("RGB")
+            scale = rng.uniform(1.0, 1.6)
+            tile = photo.resize((int(photo.width * scale), int(photo.height * scale)))
+            tile = tile.filter(ImageFilter.UnsharpMask(radius=1.2, percent=60, threshold=2))
+            canvas.paste(tile, (x, y))
+            y, column = y + tile.height, max(column, tile.width)
+        x += column
+    out = io.BytesIO()
+    canvas.save(out, "JPEG", quality=90, subsampling=2)
+    return out.getvalue()
+
+
+def decoders(target: int) -> dict[str, Callable[[bytes], np.ndarray]]:
+    from turbojpeg import TJPF_RGB, TurboJPEG
+
+    tj = TurboJPEG()
+
+    def pillow(data: bytes) -> np.ndarray:
+        with Image.open(io.BytesIO(data)) as img:
+            return np.asarray(img.convert("RGB"))
+
+    def pillow_draft(data: bytes) -> np.ndarray:
+        with Image.open(io.BytesIO(data)) as img:
+            scale = dct_scale(img.width, img.height, target)
+            img.draft("RGB", (img.width * scale[0] // scale[1], img.height * scale[0] // scale[1]))
+            return np.asarray(img.convert("RGB"))
+
+    def turbo(data: bytes) -> np.ndarray:
+        return tj.decode(data, pixel_format=TJPF_RGB)
+
+    def turbo_scaled(data: bytes) -> np.ndarray:
+        width, height, _, _ = tj.decode_header(data)
+        return tj.decode(
+            data, pixel_format=TJPF_RGB, scaling_factor=dct_scale(width, height, target)
+        )
+
+    return {
+        "Pillow": pillow,
+        "Pillow draft()": pillow_draft,
+        "PyTurboJPEG": turbo,
+        "PyTurboJPEG scaled": turbo_scaled,
+        "imgpack decode_image": readers.decode_image,
+        "imgpack decode_image(min_side)": lambda d: readers.decode_image(d, min_side=target),
+    }
+
+
+def per_image_ms(fn: Callable[[bytes], object], images: list[bytes], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for data in images:
+            fn(data)
+        times.append(1000 * (time.perf_counter() - start) / len(images))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", type=Path, default=ROOT / "bench-data" / "folder")
+    parser.add_argument("--images", type=int, default=200, help="ImageNet-sized ones")
+    parser.add_argument("--large", type=int, default=8, help="2560x1440 ones")
+    parser.add_argument("--target", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--convert", type=int, default=48, help="large JPEGs to convert (0: skip)")
+    args = parser.parse_args()
+    sets = {
+        "2560x1440": [mosaic((2560, 1440), seed) for seed in range(args.large)],
+        "ImageNet-sized": [p.read_bytes() for p in sorted(args.folder.glob("*/*"))[: args.images]],
+    }
+    print(
+        f"decoder: {readers.decoder_name()}; ms per image, one thread, median of "
+        f"{args.repeats}; scaled decoders keep the shorter side >= {args.target}"
+    )
+    print("| decoder | " + " | ".join(sets) + " |")
+    print("|---|" + "---|" * len(sets))
+    rows: dict[str, list[str]] = {}
+    for label, images in sets.items():
+        for name, fn in decoders(args.target).items():
+            rows.setdefault(name, []).append(f"{per_image_ms(fn, images, args.repeats):.2f}")
+        pixels = [readers.decode_image(d) for d in images]
+        copies = [np.empty_like(p) for p in pixels]
+
+        def copy(k: int, pixels=pixels, copies=copies) -> None:
+            np.copyto(copies[k], pixels[k])
+
+        ms = per_image_ms(copy, list(range(len(images))), args.repeats)  # type: ignore[arg-type]
+        rows.setdefault("predecoded (copy of the pixels)", []).append(f"{ms:.3f}")
+        mean_px = statistics.mean(p.shape[0] * p.shape[1] for p in pixels)
+        print(
+            f"  {label}: {len(images)} images, mean {mean_px / 1e6:.2f} Mpx, "
+            f"{statistics.mean(map(len, images)) / 1e3:.0f} KB",
+            file=sys.stderr,
+        )
+    for name, cells in rows.items():
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.convert:
+        convert_speedup(args.convert, args.target, args.repeats)
+
+
+def convert_speedup(images: int, target: int, repeats: int) -> None:
+    """Images/s converting large JPEGs, DCT-scaled decode vs --exact-resize."""
+    with tempfile.TemporaryDirectory(prefix="imgpack-large-") as scratch:
+        src = Path(scratch) / "src"
+        for k in range(images):
+            folder = src / f"class_{k % 4}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{k:04d}.jpg").write_bytes(mosaic((2560, 1440), 1000 + k))
+        rates: dict[str, list[float]] = {"DCT-scaled (default)": [], "--exact-resize": []}
+        for _ in range(repeats):
+            for name in rates:
+                dst = Path(scratch) / "dst"
+                shutil.rmtree(dst, ignore_errors=True)
+                options = ConvertOptions(
+                    format="pt", encoding="jpeg", resize=target,
+                    exact_resize=name == "--exact-resize",
+                )  # fmt: skip
+                start = time.perf_counter()
+                convert_folder(src, dst, options, workers=2, progress=False)
+                rates[name].append(images / (time.perf_counter() - start))
+        print(
+            f"\nconverting {images} 2560x1440 JPEGs to --encoding jpeg --resize {target}, "
+            "2 workers (images/s, median and runs):"
+        )
+        for name, values in rates.items():
+            runs = " / ".join(f"{v:.1f}" for v in values)
+            print(f"| {name} | {statistics.median(values):.1f} | {runs} |")
+        dct, exact = (statistics.median(v) for v in rates.values())
+        print(f"speed-up: {dct / exact:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
