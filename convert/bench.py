@@ -20,6 +20,7 @@ import platform
 import random
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,7 +34,8 @@ from torch.utils.data import DataLoader, Dataset
 import readers
 from convert.scan import scan_folder
 from readers import spec
-from readers.tune import collate_any, loader_rate
+from readers.base import collate_any
+from readers.tune import loader_rate
 
 __all__ = [
     "PERCENTILES",
@@ -301,7 +303,10 @@ def bench_path(
         fresh()
         cropped = source.shape is not None and source.shape[:2] == (crop, crop)
         transform = CentreCrop(crop) if crop and not cropped else None
-        measured.add(name, loader_rate(make(workers, batch_size, transform), seconds)[0])
+        with warnings.catch_warnings():  # more workers than CPUs: what the user asked for
+            warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+            rate = loader_rate(make(workers, batch_size, transform), seconds)[0]
+        measured.add(name, rate)
 
     if not cold:  # warm: one untimed pass over what will be read
         ds = source.open()

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from readers.decode import decode_image
 from readers.spec import DatasetError, Manifest, load_manifest
 
-__all__ = ["ImageDataset", "SampleBatch", "ShardReader", "collate"]
+__all__ = ["ImageDataset", "SampleBatch", "ShardReader", "collate", "collate_any"]
 
 Transform = Callable[[torch.Tensor], Any]
 
@@ -63,6 +63,15 @@ def collate(batch: Any) -> Any:
     if isinstance(batch, SampleBatch) and isinstance(batch.images, torch.Tensor):
         return batch.images, batch.labels
     return default_collate(list(batch))
+
+
+def collate_any(batch: Any) -> Any:
+    """:func:`collate`, but images of differing shapes (a variable-size dataset without a
+    crop, or undecoded bytes) come back as a list instead of failing to stack."""
+    images = batch.images if isinstance(batch, SampleBatch) else [image for image, _ in batch]
+    if isinstance(images, torch.Tensor) or len({tuple(i.shape) for i in images}) == 1:
+        return collate(batch)
+    return list(images), torch.tensor([int(label) for _, label in batch])
 
 
 def _new_batch(
@@ -108,6 +117,10 @@ class ImageDataset(Dataset):
         transform: applied to each ``[3, H, W]`` uint8 image tensor.
         decode_threads: threads decoding one batch in ``__getitems__``; default all usable
             CPUs in the main process and 1 inside a DataLoader worker.
+        decode: False serves encoded samples undecoded, as 1-D uint8 tensors of their
+            bytes (raw samples stay pixels), to decode on the GPU
+            (``DevicePrefetcher(..., gpu_decode=True)``); batch them with
+            :func:`collate_any`.
 
     Images are ``torch.uint8`` ``[3, H, W]`` RGB views of HWC storage (channels-last
     memory); labels are ``int`` class indices as torchvision's ``ImageFolder`` gives them.
@@ -121,8 +134,12 @@ class ImageDataset(Dataset):
         root: str | os.PathLike[str],
         transform: Transform | None = None,
         decode_threads: int | None = None,
+        decode: bool = True,
     ) -> None:
+        if transform is not None and not decode:
+            raise ValueError("transform= needs decoded images: drop it or keep decode=True")
         self.manifest: Manifest = load_manifest(root, expect_format=self.format)
+        self.decode = decode
         self.root = self.manifest.root
         self.transform = transform
         self.decode_threads = decode_threads
@@ -251,6 +268,8 @@ class ImageDataset(Dataset):
         return self.transform(image) if self.transform is not None else image
 
     def _to_tensor(self, value: Any, shard: int, local: int) -> torch.Tensor:
+        if not self.decode and not isinstance(value, np.ndarray):
+            return torch.frombuffer(bytearray(value), dtype=torch.uint8)
         if isinstance(value, np.ndarray):
             pixels = value
         else:

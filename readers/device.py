@@ -1,19 +1,30 @@
 """Feeding the GPU: uint8 batches copied ahead on a side stream, converted and normalised
-on the device.
+on the device, optionally JPEGs decoded there.
 
 uint8 crosses PCIe at a quarter of float32's bytes, and the conversion costs the GPU next
 to nothing. Without CUDA the same object runs on the CPU as a pass-through that still
 converts and normalises, so training code is the same on both.
+
+GPU decode (``gpu_decode=True``, over a loader built with ``decode=False``) uses nvJPEG
+through ``torchvision.io.decode_jpeg(..., device="cuda")`` where torchvision imports (its
+image decoders are deprecated from 0.29); otherwise, or for a sample that is not a JPEG,
+it decodes on the CPU with imgpack's decoder, saying so once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import cache
 from typing import Any
 
 import torch
 
+from readers.decode import decode_image, is_jpeg
+
 __all__ = ["DevicePrefetcher"]
+
+log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -29,6 +40,8 @@ class DevicePrefetcher:
             ``None`` only scales to 0-1.
         channels_last: return images in ``torch.channels_last`` memory (else contiguous).
         dtype: of the returned images.
+        gpu_decode: the batches hold encoded samples (``make_loader(..., decode=False)``):
+            decode them on the device. Images of differing sizes come back as a list.
 
     On CUDA, batch ``k + 1`` is copied (``non_blocking``) and converted on a side stream
     while batch ``k`` is in use; the training stream waits on that copy before it sees the
@@ -44,12 +57,14 @@ class DevicePrefetcher:
         std: Sequence[float] | None = None,
         channels_last: bool = False,
         dtype: torch.dtype = torch.float32,
+        gpu_decode: bool = False,
     ) -> None:
         if (mean is None) != (std is None):
             raise ValueError("pass both mean= and std=, or neither")
         self.batches = batches
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = dtype
+        self.gpu_decode = gpu_decode
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self._mean = self._std = None
         if mean is not None and std is not None:
@@ -66,10 +81,19 @@ class DevicePrefetcher:
             x = x.sub_(self._mean).div_(self._std)
         return x.contiguous(memory_format=self.memory_format)
 
+    def _images(self, images: Any) -> Any:
+        """A batch's images on the device, normalised (decoded first with ``gpu_decode``)."""
+        if not self.gpu_decode:
+            return self.prepare(images.to(self.device, non_blocking=True))
+        decoded = _decode_all(list(images), self.device)
+        if len({tuple(i.shape) for i in decoded}) == 1:
+            return self.prepare(torch.stack(decoded))
+        return [self.prepare(i[None])[0] for i in decoded]
+
     def __iter__(self) -> Iterator[Batch]:
         if self.device.type != "cuda":
             for images, labels in self.batches:
-                yield self.prepare(images.to(self.device)), labels.to(self.device)
+                yield self._images(images), labels.to(self.device)
             return
         side = torch.cuda.Stream(self.device)
         batches = iter(self.batches)
@@ -78,8 +102,8 @@ class DevicePrefetcher:
             training = torch.cuda.current_stream(self.device)
             training.wait_stream(side)  # the copy and conversion of this batch are done
             images, labels = ahead
-            images.record_stream(training)  # allocated on `side`, used on `training`
-            labels.record_stream(training)
+            for tensor in (*(images if isinstance(images, list) else [images]), labels):
+                tensor.record_stream(training)  # allocated on `side`, used on `training`
             ahead = self._copy(batches, side)
             yield images, labels
 
@@ -89,6 +113,45 @@ class DevicePrefetcher:
         except StopIteration:
             return None
         with torch.cuda.stream(side):
-            images = images.to(self.device, non_blocking=True)
-            labels = labels.to(self.device, non_blocking=True)
-            return self.prepare(images), labels
+            return self._images(images), labels.to(self.device, non_blocking=True)
+
+
+@cache
+def _notice(message: str) -> None:
+    """Log ``message`` once per process."""
+    log.warning(message)
+
+
+@cache
+def _nvjpeg() -> Callable[..., Any] | None:
+    """torchvision's batched GPU JPEG decoder (RGB, EXIF orientation applied, as imgpack's
+    decoder), or None when it cannot run here."""
+    try:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        def decode(data: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+            return decode_jpeg(
+                data, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True
+            )
+
+        return decode
+    except Exception as e:  # absent, or built for another torch
+        _notice(f"GPU JPEG decode unavailable ({type(e).__name__}: {e}): decoding on the CPU")
+        return None
+
+
+def _decode_all(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Encoded samples (1-D uint8) to ``[3, H, W]`` uint8 images on ``device``."""
+    gpu = _nvjpeg() if device.type == "cuda" else None
+    if device.type != "cuda":
+        _notice("gpu_decode without CUDA: decoding on the CPU")
+    jpegs = [k for k, e in enumerate(encoded) if gpu is not None and is_jpeg(e[:3].numpy())]
+    out: list[Any] = [None] * len(encoded)
+    if jpegs:
+        for k, image in zip(jpegs, gpu([encoded[k] for k in jpegs], device), strict=True):
+            out[k] = image
+    for k, e in enumerate(encoded):
+        if out[k] is None:  # not a JPEG, or no GPU decoder: imgpack's CPU decoder
+            pixels = torch.from_numpy(decode_image(e.numpy().tobytes()))
+            out[k] = pixels.permute(2, 0, 1).to(device)
+    return out

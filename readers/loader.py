@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from readers.base import ImageDataset, Transform, collate
+from readers.base import ImageDataset, Transform, collate, collate_any
 from readers.plan import EpochState, Split, resolve_rank
 from readers.registry import open_dataset
 from readers.sampler import EpochSampler
@@ -126,6 +126,7 @@ def make_loader(
     shuffle_buffer: int = 1000,
     transform: Transform | None = None,
     decode_threads: int | None = None,
+    decode: bool = True,
     rank: int | None = None,
     world_size: int | None = None,
     **dataloader_kwargs: Any,
@@ -147,7 +148,9 @@ def make_loader(
         stream: read a ``wds`` dataset with :class:`WdsStream` (sequential passes, for slow
             or remote storage) instead of by random access.
         shuffle_buffer: the stream's shuffle window, in samples.
-        transform, decode_threads: passed to the dataset (see :class:`ImageDataset`).
+        transform, decode_threads, decode: passed to the dataset (see
+            :class:`ImageDataset`); ``decode=False`` serves encoded samples undecoded, for
+            ``DevicePrefetcher(loader, gpu_decode=True)``, batched as lists.
         rank, world_size: explicit placement, overriding what the process can see.
         **dataloader_kwargs: anything else ``DataLoader`` takes (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``...);
@@ -157,7 +160,7 @@ def make_loader(
     if taken:
         raise ValueError(f"make_loader chooses {', '.join(taken)} itself; do not pass it")
     rank, world_size = _placement(distributed, rank, world_size)
-    dataloader_kwargs.setdefault("collate_fn", collate)
+    dataloader_kwargs.setdefault("collate_fn", collate if decode else collate_any)
     source: EpochSampler | WdsStream
     if stream:
         root = path.root if isinstance(path, ImageDataset) else path
@@ -166,6 +169,7 @@ def make_loader(
         source = WdsStream(
             root,
             transform=transform,
+            decode=decode,
             shuffle_buffer=shuffle_buffer if shuffle else 0,
             seed=seed,
             batch_size=batch_size,
@@ -179,7 +183,9 @@ def make_loader(
         if isinstance(path, ImageDataset):
             dataset = path
         else:
-            dataset = open_dataset(path, transform=transform, decode_threads=decode_threads)
+            dataset = open_dataset(
+                path, transform=transform, decode_threads=decode_threads, decode=decode
+            )
         source = sampler = EpochSampler(
             dataset,
             shuffle=shuffle,

@@ -56,6 +56,7 @@ class WdsStream(IterableDataset):
         rank, world_size: explicit placement; by default from ``torch.distributed`` or
             ``RANK``/``WORLD_SIZE``, read in the training process at construction,
             :meth:`set_epoch`, :meth:`load_state_dict` and each in-process ``__iter__``.
+        decode: False yields encoded samples undecoded (see :class:`readers.ImageDataset`).
 
     Call :meth:`set_epoch` before each epoch (:func:`readers.make_loader` does).
     """
@@ -71,10 +72,11 @@ class WdsStream(IterableDataset):
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        decode: bool = True,
     ) -> None:
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, not {shuffle_buffer}")
-        self._dataset = WdsDataset(root, transform=transform, decode_threads=1)
+        self._dataset = WdsDataset(root, transform=transform, decode_threads=1, decode=decode)
         self.manifest = self._dataset.manifest
         self.transform = transform
         self.shuffle_buffer = shuffle_buffer

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from readers.base import ImageDataset, SampleBatch, collate
+from readers.base import ImageDataset, collate_any
 from readers.loader import make_loader
 from readers.spec import load_manifest
 
@@ -29,7 +29,6 @@ __all__ = [
     "Setting",
     "Trial",
     "candidate_settings",
-    "collate_any",
     "loader_rate",
     "measure",
     "recommend",
@@ -96,15 +95,6 @@ def candidate_settings(cpus: int | None = None, cuda: bool | None = None) -> lis
     ]
     unique = list(dict.fromkeys(settings))
     return sorted(unique, key=lambda s: (s.cost, s.num_workers, s.prefetch_factor or 0))
-
-
-def collate_any(batch: Any) -> Any:
-    """:func:`readers.collate`, but a batch of images of differing shapes stays a list
-    (what a variable-size dataset gives without a crop), so it can still be timed."""
-    images = batch.images if isinstance(batch, SampleBatch) else [image for image, _ in batch]
-    if isinstance(images, torch.Tensor) or len({tuple(i.shape) for i in images}) == 1:
-        return collate(batch)
-    return list(images), torch.tensor([int(label) for _, label in batch])
 
 
 def _batches(loader: Any) -> Iterator[Any]:

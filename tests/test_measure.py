@@ -179,3 +179,24 @@ def test_device_prefetcher_on_the_cpu_equals_the_plain_conversion(converted):
     assert unnormalised.is_contiguous() and torch.equal(unnormalised, plain[0][0])
     with pytest.raises(ValueError, match="both"):
         readers.DevicePrefetcher(loader, mean=mean)
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_undecoded_samples_decode_in_the_prefetcher_like_the_readers(converted, fmt, caplog):
+    root = converted(fmt, "jpeg")
+    plain = readers.open_dataset(root)
+    raw = readers.open_dataset(root, decode=False)
+    for i in (0, 9):
+        value = raw[i][0]
+        assert value.dtype == torch.uint8 and value.ndim == 1
+        assert value.numpy().tobytes() == bytes(plain.stored(i))
+    loader = readers.make_loader(root, 4, decode=False, shuffle=False)
+    with caplog.at_level("WARNING", logger="readers.device"):
+        fed = list(readers.DevicePrefetcher(loader, "cpu", gpu_decode=True))
+    assert sum("decoding on the CPU" in r.getMessage() for r in caplog.records) <= 1
+    images = [image for batch, _ in fed for image in batch]  # sizes vary: lists
+    assert len(images) == len(plain) == 32
+    for i, image in enumerate(images):
+        torch.testing.assert_close(image, plain[i][0].float().div(255))
+    with pytest.raises(ValueError, match="transform= needs decoded images"):
+        readers.open_dataset(root, decode=False, transform=lambda x: x)
