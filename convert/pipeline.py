@@ -225,13 +225,13 @@ def _prepared_stream(
         while in_flight:
             try:
                 results = in_flight.popleft().result()
+                for part in itertools.islice(chunks, 1):  # submit too raises once one died
+                    in_flight.append(pool.submit(_prepare_chunk, part))
             except BrokenProcessPool as e:
                 raise WorkerDiedError(
                     f"a worker process died while preparing {relpaths[done]} or the files "
                     "after it (killed, or out of memory?): rerun with --resume"
                 ) from e
-            for part in itertools.islice(chunks, 1):
-                in_flight.append(pool.submit(_prepare_chunk, part))
             done += len(results)
             yield from results
     finally:
