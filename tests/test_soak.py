@@ -370,5 +370,6 @@ def test_epochs_serve_each_sample_once_without_growing_fds_or_rss(
     pairs += [(f"worker {w}", first.workers[w], last.workers[w]) for w in range(WORKERS)]
     for who, before, after in pairs:
         change = f"{who}: {describe([before])} in epoch 1, {describe([after])} in the last"
-        assert (after.fds, after.mappings) == (before.fds, before.mappings), change
+        # no growth (a restarted worker is a new process: it may map a page or two less)
+        assert after.fds <= before.fds and after.mappings <= before.mappings, change
         assert after.rss - before.rss < RSS_SLACK, change
