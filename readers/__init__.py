@@ -15,7 +15,7 @@ Training code imports this package only; it never pulls in the converter.
 
 from __future__ import annotations
 
-from readers.base import ImageDataset, SampleBatch, collate
+from readers.base import ImageDataset, SampleBatch, collate, collate_any
 from readers.decode import decode_image, decoder_name
 from readers.device import DevicePrefetcher
 from readers.hdf5 import Hdf5Dataset
@@ -46,6 +46,7 @@ __all__ = [
     "WdsDataset",
     "WdsStream",
     "collate",
+    "collate_any",
     "decode_image",
     "decoder_name",
     "load_manifest",

@@ -59,9 +59,22 @@ class SampleBatch(Sequence):
 
 def collate(batch: Any) -> Any:
     """DataLoader ``collate_fn``: passes imgpack's pre-stacked batches through untouched and
-    falls back to ``default_collate`` for anything else (e.g. images of varying shape)."""
+    falls back to ``default_collate`` for anything else.
+
+    Raises:
+        ValueError: for images of differing shapes, saying what to do.
+    """
     if isinstance(batch, SampleBatch) and isinstance(batch.images, torch.Tensor):
         return batch.images, batch.labels
+    images = batch.images if isinstance(batch, SampleBatch) else [item[0] for item in batch]
+    shapes = {tuple(i.shape) for i in images if isinstance(i, torch.Tensor)}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"cannot stack a batch of images of {len(shapes)} different shapes (e.g. "
+            f"{' and '.join(map(str, sorted(shapes)[:2]))}): this dataset's images vary in "
+            "size. Crop at conversion (imgpack convert --center-crop), pass a cropping "
+            "transform= to the dataset, or use collate_fn=readers.collate_any for lists"
+        )
     return default_collate(list(batch))
 
 
@@ -148,6 +161,8 @@ class ImageDataset(Dataset):
         self._shards: dict[int, ShardReader] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._pool_threads = 0
+        self._targets: list[int] | None = None
+        self._samples: list[tuple[str, int]] | None = None
 
     # --- what a subclass provides -------------------------------------------------------
     def open_shard(self, index: int) -> ShardReader:
@@ -196,12 +211,30 @@ class ImageDataset(Dataset):
         shard, local = self._locate(index)
         return self._shard(shard).path(local)
 
+    @property
     def targets(self) -> list[int]:
-        """All labels in index order (like ``ImageFolder.targets``)."""
-        return [int(x) for k in range(len(self.manifest.shards)) for x in self._shard(k).labels]
+        """All labels in index order, a list like ``ImageFolder.targets`` (read once)."""
+        if self._targets is None:
+            self._targets = [
+                int(x) for k in range(len(self.manifest.shards)) for x in self._shard(k).labels
+            ]
+        return self._targets
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """``(source path, label)`` per sample, like ``ImageFolder.samples`` (paths relative
+        to the converted folder; read once)."""
+        if self._samples is None:
+            self._samples = [(self.source_path(i), y) for i, y in enumerate(self.targets)]
+        return self._samples
 
     # --- internals ----------------------------------------------------------------------
     def _locate(self, index: int) -> tuple[int, int]:
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            raise TypeError(
+                f"{self.root}: indices must be integers, not {type(index).__name__} "
+                "(for a subset, use torch.utils.data.Subset(ds, indices))"
+            )
         n = len(self)
         position = index + n if index < 0 else index
         if not 0 <= position < n:
@@ -309,7 +342,7 @@ class ImageDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()  # handles and threads never cross processes
-        state.update(_pid=None, _shards={}, _pool=None, _pool_threads=0)
+        state.update(_pid=None, _shards={}, _pool=None, _pool_threads=0)  # labels stay
         return state
 
     def __repr__(self) -> str:

@@ -145,12 +145,22 @@ def load_manifest(root: str | os.PathLike[str], expect_format: str | None = None
     """Read and validate ``root/imgpack.json``; raise DatasetError naming the file if bad.
 
     A relative ``root`` is made absolute here, so the dataset keeps working after
-    ``os.chdir`` (Hydra changes the directory of each run)."""
+    ``os.chdir`` (Hydra changes the directory of each run); a path to the manifest itself
+    stands for its folder."""
     root = Path(root).absolute()
+    if root.name == MANIFEST_NAME and root.is_file():
+        root = root.parent
     path = root / MANIFEST_NAME
     if not root.exists():
         raise DatasetError(f"{root}: no such dataset folder")
+    if not root.is_dir():
+        raise DatasetError(f"{root}: not a dataset folder (a file)")
     if not path.is_file():
+        if _conversion_running(root):
+            raise DatasetError(
+                f"{root}: a conversion into this folder is still running (no {MANIFEST_NAME} "
+                "yet): wait for it to finish"
+            )
         if any(
             p.name.startswith((SHARD_PREFIX, TMP_PREFIX)) or p.name == JOURNAL_NAME
             for p in root.iterdir()
@@ -165,6 +175,24 @@ def load_manifest(root: str | os.PathLike[str], expect_format: str | None = None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DatasetError(f"{path}: unreadable manifest: {e}") from e
     return _parse_manifest(root, path, raw, expect_format)
+
+
+def _conversion_running(root: Path) -> bool:
+    """True if a live ``imgpack convert`` holds the folder's lock (a POSIX lock, which the
+    kernel drops when that process dies: a stale lock file does not count)."""
+    import fcntl
+
+    try:
+        fd = os.open(root / LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _parse_manifest(root: Path, path: Path, raw: Any, expect_format: str | None) -> Manifest:

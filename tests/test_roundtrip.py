@@ -213,7 +213,7 @@ def test_labels_order_and_paths_follow_imagefolder(converted, fmt: str, case: st
     got = [ds[i][1] for i in range(len(ds))]
     assert got == labels
     assert all(type(label) is int for label in got)
-    assert ds.targets() == labels
+    assert ds.targets == labels
 
 
 @pytest.mark.parametrize(("fmt", "case"), FORMAT_CASES)

@@ -62,7 +62,7 @@ def test_lmdb_map_grows_past_its_initial_size(tmp_path, monkeypatch) -> None:
     assert len(ds) == 32
     source = readers.decode_image((SAMPLE_DATA / ds.source_path(31)).read_bytes())
     assert torch.equal(ds[31][0], torch.from_numpy(source).permute(2, 0, 1))
-    assert ds.targets() == sorted(ds.targets())
+    assert ds.targets == sorted(ds.targets)
 
 
 @pytest.mark.parametrize("case", ["jpeg", "raw-variable"])
