@@ -84,6 +84,13 @@ def _interrupt(signum: int, frame: object) -> None:
     "few levels of the exact path) unless --exact-resize.",
 )
 @click.option(
+    "--include-hidden",
+    is_flag=True,
+    help="Also read entries whose name starts with '.', which are skipped by default "
+    "(.ipynb_checkpoints, macOS ._* files): unlike torchvision's ImageFolder, a hidden "
+    "folder does not become class 0.",
+)
+@click.option(
     "--exact-resize",
     is_flag=True,
     help="Decode every image at full size before --resize (torchvision's exact pixels; "
@@ -173,6 +180,7 @@ def convert(
     fmt: str,
     encoding: str,
     resize: int | None,
+    include_hidden: bool,
     exact_resize: bool,
     center_crop: int | None,
     quality: int,
@@ -202,6 +210,7 @@ def convert(
         encoding=encoding,
         resize=resize,
         exact_resize=exact_resize,
+        include_hidden=include_hidden,
         center_crop=center_crop,
         quality=quality,
         shard_size=shard_size,

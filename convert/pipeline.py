@@ -89,6 +89,7 @@ class ConvertOptions:
     compression: str | None = None
     max_pixels: int | None = None  # None: Pillow's decompression-bomb limit
     exact_resize: bool = False  # else large JPEGs are decoded DCT-scaled before --resize
+    include_hidden: bool = False  # else names starting with "." are skipped, as hidden
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option and the fix."""
@@ -107,6 +108,12 @@ class ConvertOptions:
                 raise ValueError(f"{name.replace('_', '-')} must be a positive number, not {value}")
         if not 1 <= self.quality <= 100:
             raise ValueError(f"quality must be between 1 and 100, not {self.quality}")
+        if self.center_crop and self.resize and self.center_crop > self.resize:
+            raise ValueError(
+                f"--center-crop {self.center_crop} is larger than --resize {self.resize}: the "
+                "crop would pad every image with black on its shorter side; use a crop no "
+                "larger than the resize"
+            )
         if self.compression is not None and self.format != "hdf5":
             raise ValueError("--compression applies to --format hdf5 only")
         if self.compression not in (None, "gzip", "lzf"):
@@ -144,16 +151,21 @@ class ConvertResult:
     seconds: float = 0.0
     errors: list[dict[str, str]] = field(default_factory=list)
     resumed: int = 0  # samples kept from an interrupted run
+    hidden: list[str] = field(default_factory=list)  # skipped as hidden (names with ".")
 
     def summary(self) -> str:
         if self.resumed and self.resumed == self.written and not self.seconds:
             return f"already complete: {self.written} samples in {self.dst}; nothing to do"
         rate = (self.written - self.resumed) / self.seconds if self.seconds else 0.0
         kept = f" (kept {self.resumed} from the interrupted run)" if self.resumed else ""
+        hidden = ""
+        if self.hidden:
+            shown = ", ".join(self.hidden[:3]) + (", ..." if len(self.hidden) > 3 else "")
+            hidden = f"; {len(self.hidden)} hidden entries not read ({shown}: --include-hidden)"
         return (
             f"written {self.written}{kept}, skipped {self.skipped}, "
             f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s ({rate:.0f} images/s) "
-            f"-> {self.dst}"
+            f"-> {self.dst}{hidden}"
         )
 
 
@@ -292,8 +304,9 @@ def convert_folder(
     if overwrite and resume:
         raise ValueError("--overwrite and --resume exclude each other: choose one")
     src, dst = Path(src), Path(dst)
+    _refuse_dst_in_src(src, dst)
     workers = workers or default_workers()
-    scan = scan_folder(src)
+    scan = scan_folder(src, options.include_hidden)
     samples = scan.samples
     if options.shuffle:
         order = list(range(len(samples)))
@@ -423,6 +436,7 @@ def _run(
             seconds=time.perf_counter() - start_time,
             errors=errors,
             resumed=sum(e.shard.samples for e in kept),
+            hidden=scan.hidden,
         )
         write_manifest(dst, options, scan.classes, entries, result, workers, journal)
     except BaseException as e:
@@ -453,6 +467,18 @@ def _disk_full(dst: Path, error: BaseException) -> bool:
         return shutil.disk_usage(dst).free < 1 << 20
     except OSError:
         return False
+
+
+def _refuse_dst_in_src(src: Path, dst: Path) -> None:
+    """DST inside SRC would be scanned as a class folder by the next run on SRC."""
+    src_real, dst_real = src.resolve(), dst.resolve()
+    if dst_real == src_real:
+        raise ValueError(f"{dst}: DST is SRC itself; write the dataset to a new folder outside it")
+    if dst_real.is_relative_to(src_real):
+        raise ValueError(
+            f"{dst}: DST is inside SRC ({src}); the next conversion of SRC would take it for a "
+            "class folder and shift every label: choose a DST outside SRC"
+        )
 
 
 def _already_complete(dst: Path, header: dict[str, Any]) -> ConvertResult:

@@ -7,6 +7,11 @@ extension below each class folder, walked in sorted order, following symlinks. O
 reports a problem instead and goes on: a symlink back to a folder being walked (a loop), a
 broken symlink, an image name that is not a regular file (a FIFO would block the reader),
 a folder that cannot be listed.
+
+Unlike ``ImageFolder``, entries whose name starts with ``.`` (``.ipynb_checkpoints``,
+macOS ``._*`` files, ``.Trash``) are skipped by default, at every level, and listed in
+``Scan.hidden``: a hidden folder would otherwise become class 0 and shift every label.
+Images lying at the top of SRC, in no class folder, are reported as problems.
 """
 
 from __future__ import annotations
@@ -37,25 +42,43 @@ class Scan:
     classes: list[str]
     samples: list[Sample]
     problems: list[dict[str, str]] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)  # relative paths skipped as hidden
 
 
-def find_classes(src: Path) -> list[str]:
-    """Sorted sub-folder names of ``src``, as ``ImageFolder.find_classes`` returns them."""
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def find_classes(src: Path, include_hidden: bool = False) -> list[str]:
+    """Sorted sub-folder names of ``src``, as ``ImageFolder.find_classes`` returns them
+    (but for hidden ones, unless ``include_hidden``)."""
     if not src.is_dir():
         raise FileNotFoundError(f"{src}: source folder does not exist or is not a folder")
-    classes = sorted(e.name for e in os.scandir(src) if e.is_dir())
+    classes = sorted(
+        e.name for e in os.scandir(src) if e.is_dir() and (include_hidden or not _hidden(e.name))
+    )
     if not classes:
         raise FileNotFoundError(f"{src}: no class sub-folders (expected SRC/<class>/<image>)")
     return classes
 
 
-def scan_folder(src: Path) -> Scan:
+def scan_folder(src: Path, include_hidden: bool = False) -> Scan:
     """Return the classes and samples of ``src`` in ImageFolder order, and any problems."""
-    classes = find_classes(src)
+    classes = find_classes(src, include_hidden)
     scan = Scan(classes, [])
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        if _hidden(entry.name) and not include_hidden:
+            scan.hidden.append(entry.name)
+        elif not entry.is_dir() and entry.name.lower().endswith(IMG_EXTENSIONS):
+            scan.problems.append(
+                {
+                    "path": entry.name,
+                    "error": "not in a class folder (SRC/<class>/<image>): ignored",
+                }
+            )
     for label, name in enumerate(classes):
         listing: list[tuple[str, list[str]]] = []
-        _walk(src, os.path.join(src, name), [], listing, scan.problems)
+        _walk(src, os.path.join(src, name), [], listing, scan, include_hidden)
         for dirpath, filenames in sorted(listing):  # ImageFolder: sorted(os.walk(...))
             for fname in sorted(filenames):
                 path = os.path.join(dirpath, fname)
@@ -77,10 +100,12 @@ def _walk(
     folder: str,
     ancestors: list[tuple[int, int]],
     listing: list[tuple[str, list[str]]],
-    problems: list[dict[str, str]],
+    scan: Scan,
+    include_hidden: bool,
 ) -> None:
     """``os.walk(folder, followlinks=True)`` that does not follow a link back into a folder
     it is inside (``ancestors``: their device and inode numbers)."""
+    problems = scan.problems
     try:
         info = os.stat(folder)
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -90,6 +115,9 @@ def _walk(
     ancestors = [*ancestors, (info.st_dev, info.st_ino)]
     images = []
     for entry in entries:
+        if _hidden(entry.name) and not include_hidden:
+            scan.hidden.append(os.path.relpath(entry.path, src))
+            continue
         try:
             is_dir = entry.is_dir()  # follows symlinks, as os.walk(followlinks=True)
         except OSError:
@@ -104,7 +132,7 @@ def _walk(
                     }
                 )
             else:
-                _walk(src, entry.path, ancestors, listing, problems)
+                _walk(src, entry.path, ancestors, listing, scan, include_hidden)
         elif entry.name.lower().endswith(IMG_EXTENSIONS):
             images.append(entry.name)
     listing.append((folder, images))

@@ -5,6 +5,7 @@ dataset whose conversion is still running."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -89,3 +90,81 @@ def test_opening_a_dataset_being_converted_says_so(tmp_path):
     time.sleep(0.1)
     with pytest.raises(readers.DatasetError, match=r"incomplete conversion.*--resume"):
         readers.open_dataset(dst)  # the converter died: now it is resumable
+
+
+# --- the input side of imgpack convert ---------------------------------------------------------
+def small_source(tmp_path, sample_data):
+    """Two classes of two sample photos each, plus what notebooks and macOS leave behind."""
+    src = tmp_path / "src"
+    for name in ("nature", "people"):
+        (src / name).mkdir(parents=True)
+        for image in sorted((sample_data / name).glob("*.jpg"))[:2]:
+            shutil.copy(image, src / name / image.name)
+    (src / ".ipynb_checkpoints").mkdir()
+    shutil.copy(next((sample_data / "nature").glob("*.jpg")), src / ".ipynb_checkpoints" / "a.jpg")
+    (src / "nature" / "._chelsea_00.jpg").write_bytes(b"\0\5\26\7 AppleDouble")
+    shutil.copy(next((sample_data / "people").glob("*.jpg")), src / "stray.jpg")
+    return src
+
+
+def convert_cli(*args: object):
+    return CliRunner().invoke(main, ["convert", *map(str, args), "--no-progress"])
+
+
+def test_hidden_entries_are_skipped_and_listed_unless_asked_for(tmp_path, sample_data):
+    src = small_source(tmp_path, sample_data)
+    result = convert_cli(src, tmp_path / "out", "--format", "pt")
+    assert result.exit_code == 0, result.output
+    assert "2 hidden entries not read (.ipynb_checkpoints, nature/._chelsea_00.jpg" in result.output
+    ds = readers.open_dataset(tmp_path / "out")
+    assert ds.classes == ["nature", "people"] and len(ds) == 4
+    result = convert_cli(src, tmp_path / "all", "--format", "pt", "--include-hidden")
+    assert result.exit_code == 0, result.output
+    assert readers.open_dataset(tmp_path / "all").classes == [
+        ".ipynb_checkpoints",
+        "nature",
+        "people",
+    ]
+
+
+def test_an_image_outside_any_class_folder_is_reported(tmp_path, sample_data):
+    src = small_source(tmp_path, sample_data)
+    assert convert_cli(src, tmp_path / "out", "--format", "wds").exit_code == 0
+    errors = (tmp_path / "out" / "errors.jsonl").read_text()
+    assert '"stray.jpg"' in errors and "not in a class folder" in errors
+    failed = convert_cli(src, tmp_path / "strict", "--format", "wds", "--on-error", "fail")
+    assert failed.exit_code == 1 and "stray.jpg" in failed.output
+
+
+def test_dst_inside_src_or_equal_to_it_is_refused_before_anything_is_written(tmp_path, sample_data):
+    src = small_source(tmp_path, sample_data)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "convert.cli",
+            "convert",
+            str(src),
+            str(src / "out"),
+            "--format",
+            "pt",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    assert "DST is inside SRC" in done.stderr and "shift every label" in done.stderr
+    assert "Traceback" not in done.stderr and not (src / "out").exists()
+    result = convert_cli(src, src, "--format", "pt")
+    assert result.exit_code == 1 and "DST is SRC itself" in result.output
+
+
+def test_a_centre_crop_larger_than_the_resize_is_refused(tmp_path, sample_data):
+    src = small_source(tmp_path, sample_data)
+    result = convert_cli(
+        src, tmp_path / "out", "--format", "pt", "--resize", 64, "--center-crop", 80
+    )
+    assert result.exit_code == 1
+    assert "--center-crop 80 is larger than --resize 64" in result.output
+    assert not (tmp_path / "out").exists()
