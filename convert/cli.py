@@ -84,6 +84,19 @@ def _interrupt(signum: int, frame: object) -> None:
     "few levels of the exact path) unless --exact-resize.",
 )
 @click.option(
+    "--classes",
+    "classes_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The class list, one name per line, in label order (e.g. the training set's, so "
+    "that a validation folder missing a class keeps the same labels). A sub-folder not in "
+    "it is an error; a listed class without a folder is reported.",
+)
+@click.option(
+    "--classes-from",
+    type=click.Path(path_type=Path),
+    help="Take the class list from an existing imgpack dataset (e.g. the converted training set).",
+)
+@click.option(
     "--include-hidden",
     is_flag=True,
     help="Also read entries whose name starts with '.', which are skipped by default "
@@ -180,6 +193,8 @@ def convert(
     fmt: str,
     encoding: str,
     resize: int | None,
+    classes_file: Path | None,
+    classes_from: Path | None,
     include_hidden: bool,
     exact_resize: bool,
     center_crop: int | None,
@@ -205,12 +220,19 @@ def convert(
     (Ctrl-C, SIGTERM, SIGKILL, full disk) continues with the same command plus --resume;
     `imgpack verify DST` checks the result.
     """
+    if classes_file and classes_from:
+        raise click.UsageError("--classes and --classes-from exclude each other: choose one")
+    try:
+        classes = _class_list(classes_file, classes_from)
+    except (DatasetError, ValueError) as e:
+        fail(ctx, e)
     options = ConvertOptions(
         format=fmt,
         encoding=encoding,
         resize=resize,
         exact_resize=exact_resize,
         include_hidden=include_hidden,
+        classes=classes,
         center_crop=center_crop,
         quality=quality,
         shard_size=shard_size,
@@ -247,6 +269,21 @@ def convert(
     click.echo(result.summary())
     if result.skipped:
         click.echo(f"{result.skipped} file(s) skipped: see {dst / 'errors.jsonl'}", err=True)
+
+
+def _class_list(classes_file: Path | None, classes_from: Path | None) -> tuple[str, ...] | None:
+    """The class list from a file (one name per line) or from an existing dataset."""
+    if classes_from is not None:
+        return load_manifest(classes_from).classes
+    if classes_file is None:
+        return None
+    names = [line.strip() for line in classes_file.read_text(encoding="utf-8").splitlines()]
+    names = [n for n in names if n]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if not names or repeated:
+        why = f"repeats {', '.join(repeated[:3])}" if repeated else "lists no class"
+        raise ValueError(f"{classes_file}: {why} (one class name per line, in label order)")
+    return tuple(names)
 
 
 def describe(manifest: spec.Manifest) -> str:

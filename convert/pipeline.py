@@ -90,6 +90,7 @@ class ConvertOptions:
     max_pixels: int | None = None  # None: Pillow's decompression-bomb limit
     exact_resize: bool = False  # else large JPEGs are decoded DCT-scaled before --resize
     include_hidden: bool = False  # else names starting with "." are skipped, as hidden
+    classes: tuple[str, ...] | None = None  # the class list (labels); None: SRC's folders
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option and the fix."""
@@ -152,6 +153,7 @@ class ConvertResult:
     errors: list[dict[str, str]] = field(default_factory=list)
     resumed: int = 0  # samples kept from an interrupted run
     hidden: list[str] = field(default_factory=list)  # skipped as hidden (names with ".")
+    empty_classes: list[str] = field(default_factory=list)  # listed, with no folder in SRC
 
     def summary(self) -> str:
         if self.resumed and self.resumed == self.written and not self.seconds:
@@ -162,6 +164,10 @@ class ConvertResult:
         if self.hidden:
             shown = ", ".join(self.hidden[:3]) + (", ..." if len(self.hidden) > 3 else "")
             hidden = f"; {len(self.hidden)} hidden entries not read ({shown}: --include-hidden)"
+        if self.empty_classes:
+            shown = ", ".join(self.empty_classes[:3])
+            more = ", ..." if len(self.empty_classes) > 3 else ""
+            hidden += f"; {len(self.empty_classes)} listed classes have no folder ({shown}{more})"
         return (
             f"written {self.written}{kept}, skipped {self.skipped}, "
             f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s ({rate:.0f} images/s) "
@@ -306,7 +312,7 @@ def convert_folder(
     src, dst = Path(src), Path(dst)
     _refuse_dst_in_src(src, dst)
     workers = workers or default_workers()
-    scan = scan_folder(src, options.include_hidden)
+    scan = scan_folder(src, options.include_hidden, options.classes)
     samples = scan.samples
     if options.shuffle:
         order = list(range(len(samples)))
@@ -437,6 +443,7 @@ def _run(
             errors=errors,
             resumed=sum(e.shard.samples for e in kept),
             hidden=scan.hidden,
+            empty_classes=scan.empty_classes,
         )
         write_manifest(dst, options, scan.classes, entries, result, workers, journal)
     except BaseException as e:

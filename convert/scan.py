@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +44,7 @@ class Scan:
     samples: list[Sample]
     problems: list[dict[str, str]] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)  # relative paths skipped as hidden
+    empty_classes: list[str] = field(default_factory=list)  # listed, but no folder
 
 
 def _hidden(name: str) -> bool:
@@ -62,10 +64,24 @@ def find_classes(src: Path, include_hidden: bool = False) -> list[str]:
     return classes
 
 
-def scan_folder(src: Path, include_hidden: bool = False) -> Scan:
-    """Return the classes and samples of ``src`` in ImageFolder order, and any problems."""
-    classes = find_classes(src, include_hidden)
-    scan = Scan(classes, [])
+def scan_folder(
+    src: Path, include_hidden: bool = False, classes: Sequence[str] | None = None
+) -> Scan:
+    """Return the classes and samples of ``src`` in ImageFolder order, and any problems.
+
+    ``classes`` fixes the class list (and so the labels: a validation folder missing a
+    class keeps the training set's numbers); a sub-folder not in it is a ValueError, a
+    listed class without a folder is allowed and listed in ``Scan.empty_classes``."""
+    folders = find_classes(src, include_hidden)
+    if classes is not None:
+        unknown = [f for f in folders if f not in classes]
+        if unknown:
+            raise ValueError(
+                f"{src / unknown[0]}: folder is not in the class list ({len(classes)} classes"
+                f"{f'; also {len(unknown) - 1} more' if len(unknown) > 1 else ''}): add it to the "
+                "list or move it out of SRC"
+            )
+    scan = Scan(list(classes) if classes is not None else folders, [])
     for entry in sorted(os.scandir(src), key=lambda e: e.name):
         if _hidden(entry.name) and not include_hidden:
             scan.hidden.append(entry.name)
@@ -76,7 +92,10 @@ def scan_folder(src: Path, include_hidden: bool = False) -> Scan:
                     "error": "not in a class folder (SRC/<class>/<image>): ignored",
                 }
             )
-    for label, name in enumerate(classes):
+    for label, name in enumerate(scan.classes):
+        if not os.path.isdir(os.path.join(src, name)):
+            scan.empty_classes.append(name)
+            continue
         listing: list[tuple[str, list[str]]] = []
         _walk(src, os.path.join(src, name), [], listing, scan, include_hidden)
         for dirpath, filenames in sorted(listing):  # ImageFolder: sorted(os.walk(...))

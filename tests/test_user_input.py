@@ -168,3 +168,32 @@ def test_a_centre_crop_larger_than_the_resize_is_refused(tmp_path, sample_data):
     assert result.exit_code == 1
     assert "--center-crop 80 is larger than --resize 64" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_a_class_list_keeps_labels_when_a_class_folder_is_missing(tmp_path, sample_data):
+    train = small_source(tmp_path, sample_data)
+    assert convert_cli(train, tmp_path / "train", "--format", "lmdb").exit_code == 0
+    val = tmp_path / "val"
+    shutil.copytree(train / "people", val / "people")  # no "nature": labels would shift
+    plain = convert_cli(val, tmp_path / "val-plain", "--format", "lmdb")
+    assert readers.open_dataset(tmp_path / "val-plain").targets == [0, 0]  # the silent shift
+    for how in (["--classes-from", tmp_path / "train"], ["--classes", tmp_path / "classes.txt"]):
+        (tmp_path / "classes.txt").write_text("nature\n\npeople\n")
+        out = tmp_path / f"val-{how[0]}"
+        result = convert_cli(val, out, "--format", "lmdb", *how)
+        assert result.exit_code == 0, result.output
+        assert "1 listed classes have no folder (nature)" in result.output
+        ds = readers.open_dataset(out)
+        assert ds.classes == ["nature", "people"] and ds.targets == [1, 1]
+    assert plain.exit_code == 0
+    (tmp_path / "classes.txt").write_text("people\n")
+    result = convert_cli(
+        train, tmp_path / "bad", "--format", "lmdb", "--classes", tmp_path / "classes.txt"
+    )
+    assert result.exit_code == 1
+    assert f"{train / 'nature'}: folder is not in the class list" in result.output
+    (tmp_path / "classes.txt").write_text("people\npeople\n")
+    result = convert_cli(
+        val, tmp_path / "bad2", "--format", "lmdb", "--classes", tmp_path / "classes.txt"
+    )
+    assert result.exit_code == 1 and "repeats people" in result.output
