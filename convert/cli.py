@@ -97,6 +97,19 @@ def _interrupt(signum: int, frame: object) -> None:
     help="Take the class list from an existing imgpack dataset (e.g. the converted training set).",
 )
 @click.option(
+    "--labels",
+    "labels_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Take each image's class from this CSV or TSV file of relative_path,label_name "
+    "rows (header optional) instead of from class folders: ImageNet's flat validation "
+    "folder, for one. Images it does not list are reported, not converted.",
+)
+@click.option(
+    "--unlabeled",
+    is_flag=True,
+    help="Convert every image below SRC, in any layout, with label -1 and no classes.",
+)
+@click.option(
     "--include-hidden",
     is_flag=True,
     help="Also read entries whose name starts with '.', which are skipped by default "
@@ -195,6 +208,8 @@ def convert(
     resize: int | None,
     classes_file: Path | None,
     classes_from: Path | None,
+    labels_file: Path | None,
+    unlabeled: bool,
     include_hidden: bool,
     exact_resize: bool,
     center_crop: int | None,
@@ -233,6 +248,8 @@ def convert(
         exact_resize=exact_resize,
         include_hidden=include_hidden,
         classes=classes,
+        labels_file=str(labels_file) if labels_file else None,
+        unlabeled=unlabeled,
         center_crop=center_crop,
         quality=quality,
         shard_size=shard_size,

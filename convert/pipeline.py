@@ -46,7 +46,7 @@ from convert.destination import (
     write_manifest,
 )
 from convert.process import Prepared, Transform, prepare
-from convert.scan import Sample, Scan, scan_folder
+from convert.scan import Sample, Scan, scan_source
 from convert.writers import WRITERS, Layout, Record, ShardedOutput
 from readers import spec
 
@@ -91,6 +91,8 @@ class ConvertOptions:
     exact_resize: bool = False  # else large JPEGs are decoded DCT-scaled before --resize
     include_hidden: bool = False  # else names starting with "." are skipped, as hidden
     classes: tuple[str, ...] | None = None  # the class list (labels); None: SRC's folders
+    labels_file: str | None = None  # CSV/TSV of relative_path,label_name instead of folders
+    unlabeled: bool = False  # every image, label spec.UNLABELED
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option and the fix."""
@@ -109,6 +111,8 @@ class ConvertOptions:
                 raise ValueError(f"{name.replace('_', '-')} must be a positive number, not {value}")
         if not 1 <= self.quality <= 100:
             raise ValueError(f"quality must be between 1 and 100, not {self.quality}")
+        if self.unlabeled and (self.labels_file or self.classes):
+            raise ValueError("--unlabeled excludes --labels, --classes and --classes-from")
         if self.center_crop and self.resize and self.center_crop > self.resize:
             raise ValueError(
                 f"--center-crop {self.center_crop} is larger than --resize {self.resize}: the "
@@ -312,7 +316,13 @@ def convert_folder(
     src, dst = Path(src), Path(dst)
     _refuse_dst_in_src(src, dst)
     workers = workers or default_workers()
-    scan = scan_folder(src, options.include_hidden, options.classes)
+    scan = scan_source(
+        src,
+        include_hidden=options.include_hidden,
+        classes=options.classes,
+        labels_file=Path(options.labels_file) if options.labels_file else None,
+        unlabeled=options.unlabeled,
+    )
     samples = scan.samples
     if options.shuffle:
         order = list(range(len(samples)))

@@ -16,13 +16,24 @@ Images lying at the top of SRC, in no class folder, are reported as problems.
 
 from __future__ import annotations
 
+import csv
 import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["IMG_EXTENSIONS", "Sample", "Scan", "find_classes", "scan_folder"]
+from readers.spec import UNLABELED
+
+__all__ = [
+    "IMG_EXTENSIONS",
+    "Sample",
+    "Scan",
+    "find_classes",
+    "read_labels",
+    "scan_folder",
+    "scan_source",
+]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -60,7 +71,10 @@ def find_classes(src: Path, include_hidden: bool = False) -> list[str]:
         e.name for e in os.scandir(src) if e.is_dir() and (include_hidden or not _hidden(e.name))
     )
     if not classes:
-        raise FileNotFoundError(f"{src}: no class sub-folders (expected SRC/<class>/<image>)")
+        raise FileNotFoundError(
+            f"{src}: no class sub-folders (expected SRC/<class>/<image>); for a flat folder "
+            "pass --labels FILE (rows of relative_path,label_name) or --unlabeled"
+        )
     return classes
 
 
@@ -112,6 +126,92 @@ def scan_folder(
             + (f"; {len(scan.problems)} file(s) unusable" if scan.problems else "")
         )
     return scan
+
+
+def scan_source(
+    src: Path,
+    *,
+    include_hidden: bool = False,
+    classes: Sequence[str] | None = None,
+    labels_file: Path | None = None,
+    unlabeled: bool = False,
+) -> Scan:
+    """The samples of ``src``: from its class folders (:func:`scan_folder`), from a labels
+    file naming a class per image (any layout), or every image unlabelled
+    (``spec.UNLABELED``)."""
+    if labels_file is None and not unlabeled:
+        return scan_folder(src, include_hidden, classes)
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src}: source folder does not exist or is not a folder")
+    scan = Scan([], [])
+    listing: list[tuple[str, list[str]]] = []
+    _walk(src, str(src), [], listing, scan, include_hidden)
+    found = [
+        os.path.relpath(os.path.join(d, f), src)
+        for d, names in sorted(listing)
+        for f in sorted(names)
+    ]
+    if unlabeled:
+        scan.samples = [Sample(rel, UNLABELED) for rel in found]
+    elif labels_file is not None:
+        labels = read_labels(labels_file)
+        names = list(classes) if classes is not None else sorted(set(labels.values()))
+        unknown = sorted(set(labels.values()) - set(names))
+        if unknown:
+            raise ValueError(f"{labels_file}: label {unknown[0]!r} is not in the class list")
+        scan.classes = names
+        index = {name: i for i, name in enumerate(names)}
+        for rel in found:
+            if rel in labels:
+                scan.samples.append(Sample(rel, index[labels.pop(rel)]))
+            else:
+                scan.problems.append({"path": rel, "error": f"not in {labels_file.name}: ignored"})
+        scan.problems += [
+            {"path": rel, "error": f"listed in {labels_file.name} but not found"} for rel in labels
+        ]
+    usable = []
+    for sample in scan.samples:
+        problem = _not_a_file(os.path.join(src, sample.relpath))
+        if problem:
+            scan.problems.append({"path": sample.relpath, "error": problem})
+        else:
+            usable.append(sample)
+    scan.samples = usable
+    if not scan.samples:
+        raise FileNotFoundError(f"{src}: no images found (extensions: {', '.join(IMG_EXTENSIONS)})")
+    return scan
+
+
+_HEADER_NAMES = frozenset({"path", "relative_path", "relpath", "file", "filename", "image"})
+
+
+def read_labels(path: Path) -> dict[str, str]:
+    """``relative_path -> label name`` from a CSV or TSV file (tab if the first line has
+    one), with an optional header row whose first field is ``path``, ``file``, ``image``...
+    Paths are relative to SRC and may not leave it."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the labels file: {e}") from e
+    lines = text.splitlines()
+    delimiter = "\t" if lines and "\t" in lines[0] else ","
+    labels: dict[str, str] = {}
+    for number, row in enumerate(csv.reader(lines, delimiter=delimiter), 1):
+        if not row or not any(field.strip() for field in row):
+            continue
+        if number == 1 and row[0].strip().lower() in _HEADER_NAMES:
+            continue
+        if len(row) != 2 or not row[0].strip() or not row[1].strip():
+            raise ValueError(f"{path}:{number}: expected relative_path{delimiter}label_name")
+        rel = os.path.normpath(row[0].strip())
+        if os.path.isabs(rel) or rel.split(os.sep)[0] == "..":
+            raise ValueError(f"{path}:{number}: {row[0]!r} is not a path inside SRC")
+        if rel in labels:
+            raise ValueError(f"{path}:{number}: {rel!r} is listed twice")
+        labels[rel] = row[1].strip()
+    if not labels:
+        raise ValueError(f"{path}: no rows of relative_path,label_name")
+    return labels
 
 
 def _walk(

@@ -95,7 +95,10 @@ def verify_dataset(
                     )
                 )
                 continue
-            bad = (labels < 0) | (labels >= len(manifest.classes))
+            if manifest.classes:
+                bad = (labels < 0) | (labels >= len(manifest.classes))
+            else:  # converted with --unlabeled
+                bad = labels != spec.UNLABELED
             for i in np.flatnonzero(bad)[:10]:
                 report.problems.append(Problem(f"{where}[{i}]", f"label {labels[i]} out of range"))
             per_class.update(labels.tolist())

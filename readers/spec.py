@@ -22,6 +22,7 @@ __all__ = [
     "FORMATS",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "UNLABELED",
     "DatasetError",
     "Manifest",
     "ShardInfo",
@@ -42,6 +43,9 @@ TMP_PREFIX = ".tmp-"  # a shard or manifest being written; renamed when complete
 # keeps). Both are removed once the manifest is in place.
 LOCK_NAME = ".imgpack.lock"
 JOURNAL_NAME = ".imgpack-journal.jsonl"
+
+# The label of every sample of a dataset converted with --unlabeled (its class list is empty).
+UNLABELED = -1
 
 # Per-sample key: fixed width so that lexicographic key order is index order (LMDB, tar).
 SAMPLE_KEY = "{:010d}"

@@ -197,3 +197,52 @@ def test_a_class_list_keeps_labels_when_a_class_folder_is_missing(tmp_path, samp
         val, tmp_path / "bad2", "--format", "lmdb", "--classes", tmp_path / "classes.txt"
     )
     assert result.exit_code == 1 and "repeats people" in result.output
+
+
+def flat_source(tmp_path, sample_data):
+    """ImageNet's validation layout: images in one folder, classes in a separate file."""
+    src = tmp_path / "flat"
+    src.mkdir()
+    rows = []
+    for name in ("nature", "people"):
+        for image in sorted((sample_data / name).glob("*.jpg"))[:2]:
+            shutil.copy(image, src / image.name)
+            rows.append((image.name, name))
+    return src, rows
+
+
+def test_a_flat_folder_takes_its_labels_from_a_csv_or_tsv_file(tmp_path, sample_data):
+    src, rows = flat_source(tmp_path, sample_data)
+    refused = convert_cli(src, tmp_path / "nothing", "--format", "pt")
+    assert refused.exit_code == 1 and "--labels FILE" in refused.output
+    assert "--unlabeled" in refused.output
+    csv_file = tmp_path / "val.csv"
+    csv_file.write_text("path,label\n" + "".join(f"{p},{c}\n" for p, c in rows[:-1]))
+    result = convert_cli(src, tmp_path / "csv", "--format", "hdf5", "--labels", csv_file)
+    assert result.exit_code == 0, result.output
+    ds = readers.open_dataset(tmp_path / "csv")
+    assert ds.classes == ["nature", "people"]
+    assert sorted(ds.samples) == sorted((p, ["nature", "people"].index(c)) for p, c in rows[:-1])
+    errors = (tmp_path / "csv" / "errors.jsonl").read_text()
+    assert rows[-1][0] in errors and "not in val.csv" in errors  # every file has an outcome
+    tsv = tmp_path / "val.tsv"
+    tsv.write_text("".join(f"{p}\t{c}\n" for p, c in rows) + "missing.jpg\tpeople\n")
+    result = convert_cli(src, tmp_path / "tsv", "--format", "wds", "--labels", tsv)
+    assert result.exit_code == 0, result.output
+    assert len(readers.open_dataset(tmp_path / "tsv")) == 4
+    assert "listed in val.tsv but not found" in (tmp_path / "tsv" / "errors.jsonl").read_text()
+    tsv.write_text("../outside.jpg\tpeople\n")
+    result = convert_cli(src, tmp_path / "bad", "--format", "wds", "--labels", tsv)
+    assert result.exit_code == 1 and "not a path inside SRC" in result.output
+
+
+def test_unlabeled_converts_every_image_with_label_minus_one(tmp_path, sample_data):
+    src, _ = flat_source(tmp_path, sample_data)
+    (src / "sub").mkdir()
+    shutil.copy(next((sample_data / "space").glob("*.jpg")), src / "sub" / "x.jpg")
+    result = convert_cli(src, tmp_path / "out", "--format", "lmdb", "--unlabeled")
+    assert result.exit_code == 0, result.output
+    ds = readers.open_dataset(tmp_path / "out")
+    assert ds.classes == [] and ds.targets == [spec.UNLABELED] * 5
+    verified = CliRunner().invoke(main, ["verify", str(tmp_path / "out"), "--deep"])
+    assert verified.exit_code == 0, verified.output
