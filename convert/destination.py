@@ -98,7 +98,10 @@ class DestinationLock:
         return None
 
     def acquire(self) -> None:
-        """Take the lock (creating the file) or raise DestinationBusy naming the holder."""
+        """Take the lock (creating the file) or raise DestinationBusy naming the holder;
+        a no-op when this object holds it already."""
+        if self._fd is not None:
+            return
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:

@@ -343,3 +343,19 @@ def test_a_journal_line_torn_by_a_kill_is_ignored_and_its_shard_redone(
     result = convert_folder(source, dst, options("lmdb"), workers=2, resume=True, progress=False)
     assert result.resumed == 2 * SHARD
     assert_same_as_reference(dst, *reference("lmdb"))
+
+
+def test_a_stale_lock_file_is_taken_over_once_without_leaking_a_descriptor(tmp_path):
+    from convert.destination import claim_destination
+
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / spec.LOCK_NAME).write_text("999999\n")  # left by a run that was killed
+    (dst / spec.JOURNAL_NAME).write_text("")
+    before = len(os.listdir("/proc/self/fd"))
+    lock = claim_destination(dst, overwrite=False, resume=True)
+    assert len(os.listdir("/proc/self/fd")) == before + 1  # one descriptor: the lock's
+    assert (dst / spec.LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    lock.release()
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert not (dst / spec.LOCK_NAME).exists()
