@@ -10,6 +10,7 @@ import click
 from tqdm import tqdm
 
 from convert import bench as measure
+from convert import bench_report as report
 from readers import tune as tuning
 from readers.spec import DatasetError
 
@@ -125,7 +126,7 @@ def bench(
     except (DatasetError, FileNotFoundError, ValueError) as e:
         fail(ctx, e)
     click.echo(
-        measure.format_table(measure.headers(workers), list(measure.iter_rows(results, workers)))
+        report.format_table(report.headers(workers), list(report.iter_rows(results, workers)))
     )
     for r in results:
         if r["cache_notes"]:
@@ -135,12 +136,12 @@ def bench(
         + ("cold (dropped before each timed run)" if cold else "warm (an untimed pass first)")
     )
     if json_path is not None:
-        document = {"machine": measure.machine_facts(list(paths)), "results": results}
+        document = {"machine": report.machine_facts(list(paths)), "results": results}
         json_path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
         click.echo(f"every figure: {json_path}")
     if plot_path is not None:
         try:
-            measure.plot(results, workers, plot_path)
+            report.plot(results, workers, plot_path)
         except RuntimeError as e:
             fail(ctx, e)
         click.echo(f"plot: {plot_path}")
