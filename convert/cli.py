@@ -84,6 +84,20 @@ def _interrupt(signum: int, frame: object) -> None:
     "few levels of the exact path) unless --exact-resize.",
 )
 @click.option(
+    "--exact-resize",
+    is_flag=True,
+    help="Decode every image at full size before --resize (torchvision's exact pixels; "
+    "slower on large JPEGs).",
+)
+@click.option(
+    "--center-crop",
+    type=int,
+    metavar="C",
+    help="Crop the central CxC square after resizing (zero-padded if smaller). "
+    "Raw pixels have one fixed shape only with this option; without it each "
+    "sample keeps its own shape.",
+)
+@click.option(
     "--classes",
     "classes_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -115,20 +129,6 @@ def _interrupt(signum: int, frame: object) -> None:
     help="Also read entries whose name starts with '.', which are skipped by default "
     "(.ipynb_checkpoints, macOS ._* files): unlike torchvision's ImageFolder, a hidden "
     "folder does not become class 0.",
-)
-@click.option(
-    "--exact-resize",
-    is_flag=True,
-    help="Decode every image at full size before --resize (torchvision's exact pixels; "
-    "slower on large JPEGs).",
-)
-@click.option(
-    "--center-crop",
-    type=int,
-    metavar="C",
-    help="Crop the central CxC square after resizing (zero-padded if smaller). "
-    "Raw pixels have one fixed shape only with this option; without it each "
-    "sample keeps its own shape.",
 )
 @click.option(
     "--quality", type=int, default=90, show_default=True, help="JPEG quality for --encoding jpeg."
