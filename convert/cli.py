@@ -305,26 +305,25 @@ def _class_list(classes_file: Path | None, classes_from: Path | None) -> tuple[s
 
 def describe(manifest: spec.Manifest) -> str:
     """A person-readable account of a manifest."""
-    m = manifest.raw
+    m = manifest
     shape = "variable" if manifest.shape is None else "x".join(map(str, manifest.shape))
     total_bytes = sum(s.bytes for s in manifest.shards)
     lines = [
         f"dataset    {manifest.root}",
-        f"format     {manifest.format} (format version {m['format_version']}, "
-        f"imgpack {m.get('imgpack_version', '?')})",
-        f"encoding   {manifest.encoding}, images {shape} {m.get('dtype', 'uint8')}",
-        f"samples    {manifest.num_samples} written, {m.get('skipped', 0)} skipped",
+        f"format     {m.format} (format version {m.format_version}, "
+        f"imgpack {m.imgpack_version or '?'})",
+        f"encoding   {m.encoding}, images {shape} {m.dtype}",
+        f"samples    {m.num_samples} written, {m.skipped or 0} skipped",
         f"bytes      {total_bytes:,} in {len(manifest.shards)} shard(s)",
-        f"checksum   {m.get('content_sha256', '?')}",
+        f"checksum   {m.content_sha256 or '?'}",
         f"classes    {len(manifest.classes)}",
     ]
-    per_class = m.get("samples_per_class", {})
+    per_class = m.samples_per_class or {}
     width = max((len(c) for c in manifest.classes), default=0)
     lines += [f"  {c:<{width}}  {per_class.get(c, '?')}" for c in manifest.classes]
     lines.append("shards")
     lines += [f"  {s.path}  {s.samples} samples  {s.bytes:,} bytes" for s in manifest.shards]
-    options = m.get("options", {})
-    lines.append("options    " + json.dumps(options, sort_keys=True))
+    lines.append("options    " + json.dumps(m.options, sort_keys=True))
     return "\n".join(lines)
 
 
@@ -338,7 +337,7 @@ def info(ctx: click.Context, dst: Path, as_json: bool) -> None:
         manifest = load_manifest(dst)
     except DatasetError as e:
         fail(ctx, e)
-    click.echo(json.dumps(manifest.raw, indent=1) if as_json else describe(manifest))
+    click.echo(json.dumps(manifest.to_json(), indent=1) if as_json else describe(manifest))
 
 
 @main.command()

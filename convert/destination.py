@@ -336,20 +336,9 @@ def same_options(path: Path, recorded: dict[str, Any], options: dict[str, Any]) 
 
 
 # --- the files that finish a dataset ----------------------------------------------------
-def _json_text(value: Any, indent: int | None = None) -> str:
-    """JSON with UTF-8 text as is; a name that is not valid UTF-8 keeps its bytes as
-    ``\\udcXX`` escapes, which ``json.loads`` turns back into the ``os.fsdecode`` name."""
-    text = json.dumps(value, ensure_ascii=False, indent=indent)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = json.dumps(value, indent=indent)
-    return text + "\n"
-
-
 def write_errors(path: Path, errors: list[dict[str, str]]) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        f.writelines(map(_json_text, errors))
+        f.writelines(map(spec.json_text, errors))
 
 
 def write_manifest(
@@ -372,29 +361,21 @@ def write_manifest(
     for e in entries:
         per_class.update(e.per_class)
     header, _ = journal.load()
-    manifest = {
-        "format": options.format,
-        "format_version": spec.FORMAT_VERSION,
-        "imgpack_version": __version__,
-        "encoding": options.encoding,
-        "shape": list(shape) if shape is not None else "variable",
-        "dtype": "uint8",
-        "classes": classes,
-        "samples_per_class": {c: per_class[i] for i, c in enumerate(classes)},
-        "num_samples": result.written,
-        "written": result.written,
-        "skipped": result.skipped,
-        "content_sha256": spec.content_sha256(e.digests for e in entries),
-        "source_fingerprint": header["source_fingerprint"],
-        "shards": [asdict(e.shard) for e in entries],
-        "options": asdict(options),
-        "converted_with": {"workers": workers, "jpeg_decoder": decoder_name()},
-    }
-    if result.skipped:
-        manifest["errors_file"] = ERRORS_NAME
-    tmp = dst / (spec.TMP_PREFIX + spec.MANIFEST_NAME)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(_json_text(manifest, indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, dst / spec.MANIFEST_NAME)
+    spec.Manifest(
+        root=dst,
+        format=options.format,
+        encoding=options.encoding,
+        shape=shape,
+        classes=tuple(classes),
+        shards=tuple(e.shard for e in entries),
+        imgpack_version=__version__,
+        samples_per_class={c: per_class[i] for i, c in enumerate(classes)},
+        recorded_samples=result.written,
+        written=result.written,
+        skipped=result.skipped,
+        content_sha256=spec.content_sha256(e.digests for e in entries),
+        source_fingerprint=header["source_fingerprint"],
+        options=json.loads(json.dumps(asdict(options))),
+        converted_with={"workers": workers, "jpeg_decoder": decoder_name()},
+        errors_file=ERRORS_NAME if result.skipped else None,
+    ).write()

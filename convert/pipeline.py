@@ -501,8 +501,8 @@ def _refuse_dst_in_src(src: Path, dst: Path) -> None:
 def _already_complete(dst: Path, header: dict[str, Any]) -> ConvertResult:
     """The result of a ``--resume`` into a dataset that is complete: nothing to do."""
     manifest = spec.load_manifest(dst)
-    same_options(dst / spec.MANIFEST_NAME, manifest.raw.get("options", {}), header["options"])
-    if manifest.raw.get("source_fingerprint") != header["source_fingerprint"]:
+    same_options(dst / spec.MANIFEST_NAME, manifest.options, header["options"])
+    if manifest.source_fingerprint != header["source_fingerprint"]:
         raise ValueError(
             f"{dst}: already complete, but the source folder's list of images has changed "
             "since: pass --overwrite to convert it again"
@@ -510,7 +510,7 @@ def _already_complete(dst: Path, header: dict[str, Any]) -> ConvertResult:
     return ConvertResult(
         dst,
         written=manifest.num_samples,
-        skipped=int(manifest.raw.get("skipped", 0)),
+        skipped=manifest.skipped or 0,
         bytes=sum(s.bytes for s in manifest.shards),
         resumed=manifest.num_samples,
     )

@@ -110,7 +110,7 @@ def verify_dataset(
                 )
     if len(intact) == len(manifest.shards):
         _check_counts(manifest, per_class, report)
-        if deep and spec.content_sha256(digests) != manifest.raw.get("content_sha256"):
+        if deep and spec.content_sha256(digests) != manifest.content_sha256:
             report.problems.append(
                 Problem(
                     str(manifest.root / spec.MANIFEST_NAME),
@@ -122,7 +122,7 @@ def verify_dataset(
 
 def _check_totals(manifest: spec.Manifest, report: VerifyReport) -> None:
     where = str(manifest.root / spec.MANIFEST_NAME)
-    recorded = manifest.raw.get("num_samples")
+    recorded = manifest.recorded_samples
     if recorded != manifest.num_samples:
         report.problems.append(
             Problem(where, f"num_samples {recorded} != {manifest.num_samples} in the shards")
@@ -162,7 +162,7 @@ def _check_files(manifest: spec.Manifest, k: int, report: VerifyReport) -> bool:
 
 
 def _check_counts(manifest: spec.Manifest, per_class: Counter[int], report: VerifyReport) -> None:
-    recorded = manifest.raw.get("samples_per_class", {})
+    recorded = manifest.samples_per_class or {}
     for i, name in enumerate(manifest.classes):
         if name in recorded and recorded[name] != per_class[i]:
             report.problems.append(

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ __all__ = [
     "Manifest",
     "ShardInfo",
     "content_sha256",
+    "json_text",
     "load_manifest",
     "sample_digest",
     "shard_name",
@@ -127,7 +128,10 @@ class ShardInfo:
 
 @dataclass(frozen=True)
 class Manifest:
-    """What ``imgpack.json`` says about a dataset: the reader's single source of truth."""
+    """What ``imgpack.json`` says about a dataset, typed: the one description that the
+    readers, ``imgpack info``, ``verify`` and ``--resume`` read (as attributes), and that
+    the converter writes (:meth:`write`). ``to_json`` gives back the dict ``from_json``
+    read, key for key."""
 
     root: Path
     format: str
@@ -135,7 +139,18 @@ class Manifest:
     shape: tuple[int, int, int] | None  # (H, W, 3), or None for "variable"
     classes: tuple[str, ...]
     shards: tuple[ShardInfo, ...]
-    raw: dict[str, Any]
+    format_version: int = FORMAT_VERSION
+    imgpack_version: str | None = None
+    dtype: str = "uint8"
+    samples_per_class: dict[str, int] | None = None
+    recorded_samples: int | None = None  # the "num_samples" field as written
+    written: int | None = None
+    skipped: int | None = None
+    content_sha256: str | None = None
+    source_fingerprint: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # of the conversion
+    converted_with: dict[str, Any] | None = None
+    errors_file: str | None = None
 
     @property
     def num_samples(self) -> int:
@@ -143,6 +158,57 @@ class Manifest:
 
     def shard_path(self, index: int) -> Path:
         return self.root / self.shards[index].path
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as ``imgpack.json`` holds it (optional fields only when set)."""
+        out: dict[str, Any] = {
+            "format": self.format,
+            "format_version": self.format_version,
+            "imgpack_version": self.imgpack_version,
+            "encoding": self.encoding,
+            "shape": list(self.shape) if self.shape is not None else "variable",
+            "dtype": self.dtype,
+            "classes": list(self.classes),
+            "samples_per_class": self.samples_per_class,
+            "num_samples": self.recorded_samples,
+            "written": self.written,
+            "skipped": self.skipped,
+            "content_sha256": self.content_sha256,
+            "source_fingerprint": self.source_fingerprint,
+            "shards": [asdict(s) for s in self.shards],
+            "options": self.options,
+            "converted_with": self.converted_with,
+            "errors_file": self.errors_file,
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+    @classmethod
+    def from_json(
+        cls, root: Path, raw: Any, expect_format: str | None = None, path: Path | None = None
+    ) -> Manifest:
+        """Validate ``raw`` (the parsed ``imgpack.json`` of the dataset at ``root``);
+        DatasetError names the file and the field."""
+        return _parse_manifest(root, path or root / MANIFEST_NAME, raw, expect_format)
+
+    def write(self) -> None:
+        """Write ``root/imgpack.json`` atomically (a temporary file, fsync, rename)."""
+        tmp = self.root / (TMP_PREFIX + MANIFEST_NAME)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json_text(self.to_json(), indent=1))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.root / MANIFEST_NAME)
+
+
+def json_text(value: Any, indent: int | None = None) -> str:
+    """JSON with UTF-8 text as is; a name that is not valid UTF-8 keeps its bytes as
+    ``\\udcXX`` escapes, which ``json.loads`` turns back into the ``os.fsdecode`` name."""
+    text = json.dumps(value, ensure_ascii=False, indent=indent)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value, indent=indent)
+    return text + "\n"
 
 
 def load_manifest(root: str | os.PathLike[str], expect_format: str | None = None) -> Manifest:
@@ -264,6 +330,8 @@ def _parse_manifest(root: Path, path: Path, raw: Any, expect_format: str | None)
             raise bad(f"shard {i}: path {info.path!r} is not a file inside the dataset folder")
         infos.append(info)
     _check_summary(raw, bad)
+    if raw.get("dtype", "uint8") != "uint8":
+        raise bad(f"unsupported dtype {raw['dtype']!r} (imgpack stores uint8)")
     return Manifest(
         root=root,
         format=fmt,
@@ -271,8 +339,26 @@ def _parse_manifest(root: Path, path: Path, raw: Any, expect_format: str | None)
         shape=tuple(shape) if shape is not None else None,
         classes=tuple(classes),
         shards=tuple(infos),
-        raw=raw,
+        format_version=version,
+        imgpack_version=_optional(raw, "imgpack_version", str, bad),
+        dtype=raw.get("dtype", "uint8"),
+        samples_per_class=raw.get("samples_per_class"),
+        recorded_samples=raw.get("num_samples"),
+        written=raw.get("written"),
+        skipped=raw.get("skipped"),
+        content_sha256=raw.get("content_sha256"),
+        source_fingerprint=raw.get("source_fingerprint"),
+        options=_optional(raw, "options", dict, bad) or {},
+        converted_with=_optional(raw, "converted_with", dict, bad),
+        errors_file=_optional(raw, "errors_file", str, bad),
     )
+
+
+def _optional(raw: dict[str, Any], name: str, kind: type, bad: Any) -> Any:
+    value = raw.get(name)
+    if value is not None and not isinstance(value, kind):
+        raise bad(f"{name} must be a {kind.__name__}, not {type(value).__name__}")
+    return value
 
 
 def _check_summary(raw: dict[str, Any], bad: Any) -> None:

@@ -238,8 +238,11 @@ class WdsStream(IterableDataset):
 
     def _warn_if_unshuffled(self) -> None:
         root = str(self.manifest.root)
-        options = self.manifest.raw.get("options", {})
-        if self.shuffle_buffer and not options.get("shuffle") and root not in _warned_unshuffled:
+        if (
+            self.shuffle_buffer
+            and not self.manifest.options.get("shuffle")
+            and root not in _warned_unshuffled
+        ):
             _warned_unshuffled.add(root)
             warnings.warn(
                 f"{root} was converted without --shuffle: its shards follow the class folders, "

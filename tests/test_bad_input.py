@@ -451,7 +451,7 @@ def check_outcome(case: Case, src: Path, dst: Path) -> None:
     lines = errors_file.read_text().splitlines() if errors_file.exists() else []
     errors = [json.loads(line) for line in lines]
     manifest = spec.load_manifest(dst)
-    assert manifest.raw["skipped"] == len(errors)
+    assert manifest.skipped == len(errors)
     dataset = PtDataset(dst)
     stored = {dataset.source_path(i): i for i in range(len(dataset))}
     reasons = {e["path"]: e["error"] for e in errors}
@@ -470,7 +470,7 @@ def check_outcome(case: Case, src: Path, dst: Path) -> None:
             assert expect.path not in stored and expect.path not in reasons
         elif isinstance(expect, EmptyClass):
             assert expect.name in dataset.classes
-            assert manifest.raw["samples_per_class"][expect.name] == 0
+            assert manifest.samples_per_class[expect.name] == 0
     assert reasons == {}, f"unexpected errors: {reasons}"
     assert set(stored) == expected_samples  # nothing lost, nothing extra
     for rel in GOOD:  # the good images are intact whatever sits beside them

@@ -93,7 +93,7 @@ def test_load_manifest_returns_the_parsed_manifest(converted):
     assert manifest.shape == (64, 64, 3)
     assert manifest.classes == tuple(SAMPLE_CLASSES)
     assert manifest.num_samples == 32
-    assert manifest.raw == read_manifest(root)
+    assert manifest.to_json() == read_manifest(root)
     assert manifest.shard_path(0) == root / manifest.shards[0].path
 
 
@@ -312,3 +312,15 @@ def test_pt_shard_carrying_a_pickle_payload_is_refused_without_running_it(
     with pytest.raises(readers.DatasetError, match=r"shard-000000\.pt.*(?i:weights.only|unpickl)"):
         ds[0]
     assert not target.exists()
+
+
+@pytest.mark.parametrize("fmt", spec.FORMATS)
+def test_manifests_round_trip_through_the_typed_manifest_unchanged(converted, fmt):
+    root = converted(fmt, "jpeg")
+    on_disk = (root / spec.MANIFEST_NAME).read_text(encoding="utf-8")
+    manifest = spec.load_manifest(root)
+    assert spec.Manifest.from_json(root, manifest.to_json()) == manifest
+    assert manifest.to_json() == json.loads(on_disk)
+    assert spec.json_text(manifest.to_json(), indent=1) == on_disk  # the same bytes
+    assert manifest.written == manifest.recorded_samples == manifest.num_samples == 32
+    assert manifest.options["format"] == fmt and manifest.converted_with["workers"] == 2
