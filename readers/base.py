@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from readers.decode import decode_image
-from readers.spec import DatasetError, Manifest, load_manifest
+from readers.spec import DatasetError, Manifest, StorageKind, load_manifest
 
 __all__ = ["ImageDataset", "SampleBatch", "ShardReader", "collate", "collate_any"]
 
@@ -192,9 +192,9 @@ class ImageDataset(Dataset):
         labels = torch.tensor([int(self._shard(s).labels[k]) for s, k in located])
         if not located:
             return SampleBatch([], labels)
-        shape = self.manifest.shape
-        if self.manifest.encoding == "raw" and shape is not None and self.transform is None:
-            height, width, channels = shape
+        layout = self.manifest.layout
+        if layout.kind is StorageKind.FIXED_PIXELS and layout.shape and self.transform is None:
+            height, width, channels = layout.shape
             images = _new_batch((len(located), channels, height, width), torch.uint8)
             self._gather_pixels(located, images.permute(0, 2, 3, 1))
             return SampleBatch(images, labels)

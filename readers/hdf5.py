@@ -17,7 +17,7 @@ import torch
 
 from readers import spec
 from readers.base import ImageDataset
-from readers.spec import DatasetError
+from readers.spec import DatasetError, Layout, StorageKind
 
 __all__ = ["Hdf5Dataset"]
 
@@ -25,13 +25,14 @@ __all__ = ["Hdf5Dataset"]
 class Hdf5Shard:
     """An open HDF5 file of imgpack samples."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, layout: Layout) -> None:
         try:
             self._file = h5py.File(path, "r")
             self._images = self._file[spec.H5_IMAGES]
             self.labels = self._file[spec.H5_LABELS][()]
             self._paths = self._file[spec.H5_PATHS].asstr(errors="surrogateescape")
-            self._shapes = self._file[spec.H5_SHAPES][()] if spec.H5_SHAPES in self._file else None
+            variable = layout.kind is StorageKind.VARIABLE_PIXELS
+            self._shapes = self._file[spec.H5_SHAPES][()] if variable else None
         except (OSError, KeyError, TypeError) as e:  # TypeError: paths are not strings
             raise DatasetError(f"{path}: not a valid imgpack HDF5 file: {e}") from e
         self._path = path
@@ -100,4 +101,4 @@ class Hdf5Dataset(ImageDataset):
     format = "hdf5"
 
     def open_shard(self, index: int) -> Hdf5Shard:
-        return Hdf5Shard(str(self.manifest.shard_path(index)))
+        return Hdf5Shard(str(self.manifest.shard_path(index)), self.manifest.layout)

@@ -20,7 +20,7 @@ import torch
 
 from readers import spec
 from readers.base import ImageDataset
-from readers.spec import DatasetError
+from readers.spec import DatasetError, Layout, StorageKind
 
 __all__ = ["LmdbDataset"]
 
@@ -59,13 +59,13 @@ def _environment(path: str) -> lmdb.Environment:
 class LmdbShard:
     """A read-only LMDB environment of imgpack samples."""
 
-    def __init__(self, path: str, shape: tuple[int, int, int] | None, raw: bool) -> None:
+    def __init__(self, path: str, layout: Layout) -> None:
         self._path = path
         self._env = _environment(path)
         self.labels = np.frombuffer(self._get(spec.LMDB_LABELS), dtype="<i8")
-        self._raw = raw
-        self._shape = shape
-        if raw and shape is None:
+        self._raw = layout.kind is not StorageKind.ENCODED
+        self._shape = layout.shape
+        if layout.kind is StorageKind.VARIABLE_PIXELS:
             self._shapes = np.frombuffer(self._get(spec.LMDB_SHAPES), dtype="<i8").reshape(-1, 3)
         self._paths: list[str] | None = None
 
@@ -114,5 +114,4 @@ class LmdbDataset(ImageDataset):
     format = "lmdb"
 
     def open_shard(self, index: int) -> LmdbShard:
-        m = self.manifest
-        return LmdbShard(str(m.shard_path(index)), m.shape, m.encoding == "raw")
+        return LmdbShard(str(self.manifest.shard_path(index)), self.manifest.layout)

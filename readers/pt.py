@@ -16,7 +16,7 @@ import torch
 
 from readers import spec
 from readers.base import ImageDataset
-from readers.spec import DatasetError
+from readers.spec import DatasetError, Layout, StorageKind
 
 __all__ = ["PtDataset"]
 
@@ -24,7 +24,7 @@ __all__ = ["PtDataset"]
 class PtShard:
     """An mmap'd ``.pt`` shard."""
 
-    def __init__(self, path: str, raw: bool) -> None:
+    def __init__(self, path: str, layout: Layout) -> None:
         try:
             tensors = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
         except Exception as e:  # whatever a damaged or hostile file makes torch.load raise
@@ -35,14 +35,14 @@ class PtShard:
         ):
             raise DatasetError(f"{path}: not a valid imgpack .pt shard (expected tensors)")
         self._path = path
-        self._raw = raw
         self._t = tensors
         self.labels = self._get(spec.PT_LABELS).numpy()
         self._images = tensors.get(spec.PT_IMAGES)
         if self._images is None:
             self._data = self._get(spec.PT_DATA).numpy()
             self._offsets = self._get(spec.PT_OFFSETS).numpy()
-            self._shapes = tensors[spec.PT_SHAPES].numpy() if raw else None
+            variable = layout.kind is StorageKind.VARIABLE_PIXELS
+            self._shapes = tensors[spec.PT_SHAPES].numpy() if variable else None
 
     def _get(self, key: str) -> torch.Tensor:
         try:
@@ -74,4 +74,4 @@ class PtDataset(ImageDataset):
     format = "pt"
 
     def open_shard(self, index: int) -> PtShard:
-        return PtShard(str(self.manifest.shard_path(index)), self.manifest.encoding == "raw")
+        return PtShard(str(self.manifest.shard_path(index)), self.manifest.layout)

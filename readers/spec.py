@@ -7,11 +7,13 @@ root of a dataset is written last and is where every reader starts.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,10 @@ __all__ = [
     "MANIFEST_NAME",
     "UNLABELED",
     "DatasetError",
+    "Layout",
     "Manifest",
     "ShardInfo",
+    "StorageKind",
     "content_sha256",
     "json_text",
     "load_manifest",
@@ -114,6 +118,31 @@ def content_sha256(digests: Iterable[bytes]) -> str:
     return total.hexdigest()
 
 
+class StorageKind(enum.Enum):
+    """How a dataset stores its samples, decided once (:attr:`Layout.kind`)."""
+
+    FIXED_PIXELS = "fixed-pixels"  # raw uint8 pixels, one [H, W, 3] for every sample
+    VARIABLE_PIXELS = "variable-pixels"  # raw uint8 pixels, a shape per sample
+    ENCODED = "encoded"  # encoded image bytes (jpeg, or the source's own)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How samples are stored: the one object a format's writer and its shard reader
+    both receive, so that each format's two halves read the same decisions."""
+
+    encoding: str
+    shape: tuple[int, int, int] | None  # the fixed [H, W, 3] of raw pixels, else None
+    classes: tuple[str, ...]
+    compression: str | None = None  # hdf5 only
+
+    @property
+    def kind(self) -> StorageKind:
+        if self.encoding != "raw":
+            return StorageKind.ENCODED
+        return StorageKind.FIXED_PIXELS if self.shape is not None else StorageKind.VARIABLE_PIXELS
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     """One shard as the manifest lists it; ``sidecars`` maps the suffix of each file kept
@@ -155,6 +184,13 @@ class Manifest:
     @property
     def num_samples(self) -> int:
         return sum(s.samples for s in self.shards)
+
+    @cached_property
+    def layout(self) -> Layout:
+        """The storage layout the writers used (``shape`` here: images' shape when they all
+        share one, whatever the encoding; in the layout: fixed raw pixels only)."""
+        stored = self.shape if self.encoding == "raw" else None
+        return Layout(self.encoding, stored, self.classes, self.options.get("compression"))
 
     def shard_path(self, index: int) -> Path:
         return self.root / self.shards[index].path

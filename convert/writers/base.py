@@ -21,19 +21,9 @@ from typing import Protocol
 import numpy as np
 
 from readers import spec
-from readers.spec import ShardInfo
+from readers.spec import Layout, ShardInfo
 
 __all__ = ["Layout", "Record", "ShardWriter", "ShardedOutput", "file_sha256"]
-
-
-@dataclass(frozen=True)
-class Layout:
-    """What a writer needs to know about the dataset as a whole."""
-
-    encoding: str
-    shape: tuple[int, int, int] | None  # fixed [H, W, 3] of raw pixels, else None
-    classes: tuple[str, ...]
-    compression: str | None = None  # hdf5 only
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import numpy as np
 
 from convert.writers.base import Layout, Record
 from readers import spec
+from readers.spec import StorageKind
 
 __all__ = ["Hdf5Writer"]
 
@@ -24,7 +25,7 @@ class Hdf5Writer:
 
     def __init__(self, path: Path, layout: Layout) -> None:
         self.layout = layout
-        self.fixed = layout.encoding == "raw" and layout.shape is not None
+        self.fixed = layout.kind is StorageKind.FIXED_PIXELS
         self.file = f = h5py.File(path, "w")
 
         def create(name: str, shape: tuple[int, ...], dtype, **kw) -> h5py.Dataset:
@@ -46,7 +47,7 @@ class Hdf5Writer:
                 compression=layout.compression,
             )
         self.shapes = None
-        if layout.encoding == "raw" and not self.fixed:
+        if layout.kind is StorageKind.VARIABLE_PIXELS:
             self.shapes = create(spec.H5_SHAPES, (3,), np.int64, chunks=(_BLOCK, 3))
         self.labels = create(spec.H5_LABELS, (), np.int64, chunks=(_BLOCK,))
         self.paths = create(spec.H5_PATHS, (), h5py.string_dtype("utf-8"), chunks=(_BLOCK,))

@@ -14,6 +14,7 @@ import numpy as np
 
 from convert.writers.base import Layout, Record
 from readers import spec
+from readers.spec import StorageKind
 
 __all__ = ["LmdbWriter"]
 
@@ -81,7 +82,7 @@ class LmdbWriter:
             # ASCII JSON: \u escapes carry any name, even one that is not valid UTF-8
             (spec.LMDB_PATHS, json.dumps(self.paths).encode("ascii")),
         ]
-        if self.layout.encoding == "raw" and self.layout.shape is None:
+        if self.layout.kind is StorageKind.VARIABLE_PIXELS:
             meta.append((spec.LMDB_SHAPES, np.asarray(self.shapes, dtype="<i8").tobytes()))
         for key, value in meta:
             self.pending.append((key, value))

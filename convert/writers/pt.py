@@ -13,6 +13,7 @@ import torch
 
 from convert.writers.base import Layout, Record
 from readers import spec
+from readers.spec import StorageKind
 
 __all__ = ["PtWriter"]
 
@@ -44,10 +45,10 @@ class PtWriter:
         tensors[spec.PT_PATHS], tensors[spec.PT_PATH_OFFSETS] = _concat(
             [r.path.encode("utf-8", "surrogateescape") for r in recs]
         )
-        if self.layout.encoding == "raw" and self.layout.shape is not None:
+        if self.layout.kind is StorageKind.FIXED_PIXELS:
             tensors[spec.PT_IMAGES] = torch.from_numpy(np.stack([r.data for r in recs]))
         else:
-            if self.layout.encoding == "raw":
+            if self.layout.kind is StorageKind.VARIABLE_PIXELS:
                 shapes = [r.data.shape for r in recs]  # type: ignore[union-attr]
                 tensors[spec.PT_SHAPES] = torch.tensor(shapes, dtype=torch.int64)
             tensors[spec.PT_DATA], tensors[spec.PT_OFFSETS] = _concat(
