@@ -1,5 +1,6 @@
 """imgpack's converter: image folders to ``pt``/``hdf5``/``lmdb``/``wds`` datasets."""
 
-from convert.pipeline import BadInputError, ConvertOptions, ConvertResult, convert_folder
+from convert.options import ConvertOptions, ConvertResult
+from convert.pipeline import BadInputError, convert_folder
 
 __all__ = ["BadInputError", "ConvertOptions", "ConvertResult", "convert_folder"]

@@ -12,7 +12,8 @@ from pathlib import Path
 import click
 
 from convert.cli_measure import bench, fail, tune
-from convert.pipeline import ON_ERROR, ConvertOptions, convert_folder, default_workers
+from convert.options import ON_ERROR, ConvertOptions, default_workers
+from convert.pipeline import convert_folder
 from convert.verify import verify_dataset
 from readers import __version__, spec
 from readers.spec import DatasetError, load_manifest

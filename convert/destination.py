@@ -27,15 +27,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from convert.options import ConvertOptions, ConvertResult
 from convert.scan import Sample
 from convert.writers.base import file_sha256
 from readers import __version__, spec
 from readers.decode import decoder_name
-
-if TYPE_CHECKING:
-    from convert.pipeline import ConvertOptions, ConvertResult
 
 __all__ = [
     "ERRORS_NAME",

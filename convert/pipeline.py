@@ -45,96 +45,22 @@ from convert.destination import (
     write_errors,
     write_manifest,
 )
+from convert.options import (
+    ON_ERROR,
+    ConvertOptions,
+    ConvertResult,
+    default_workers,
+)
 from convert.process import Prepared, Transform, prepare
 from convert.scan import Sample, Scan, scan_source
 from convert.writers import WRITERS, Layout, Record, ShardedOutput
 from readers import spec
 
-__all__ = [
-    "ON_ERROR",
-    "BadInputError",
-    "ConvertOptions",
-    "ConvertResult",
-    "WorkerDiedError",
-    "convert_folder",
-    "default_workers",
-]
+__all__ = ["BadInputError", "WorkerDiedError", "convert_folder"]
 
 log = logging.getLogger(__name__)
 
-ON_ERROR = ("skip", "fail")
 _PR_SET_PDEATHSIG = 1
-DEFAULT_SHARD_SIZE = {"pt": 10_000, "wds": 10_000, "hdf5": None, "lmdb": None}
-DEFAULT_SHARD_BYTES = {"pt": 1 << 30, "wds": 1 << 30, "hdf5": None, "lmdb": None}
-
-
-def default_workers() -> int:
-    """Usable CPUs of this process (respects taskset/cgroup affinity)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@dataclass(frozen=True)
-class ConvertOptions:
-    """Everything that decides what a conversion writes (recorded in the manifest)."""
-
-    format: str
-    encoding: str = "jpeg"
-    resize: int | None = None
-    center_crop: int | None = None
-    quality: int = 90
-    shard_size: int | None = None  # None: the format's default
-    shard_bytes: int | None = None
-    shuffle: bool = False
-    seed: int = 0
-    compression: str | None = None
-    max_pixels: int | None = None  # None: Pillow's decompression-bomb limit
-    exact_resize: bool = False  # else large JPEGs are decoded DCT-scaled before --resize
-    include_hidden: bool = False  # else names starting with "." are skipped, as hidden
-    classes: tuple[str, ...] | None = None  # the class list (labels); None: SRC's folders
-    labels_file: str | None = None  # CSV/TSV of relative_path,label_name instead of folders
-    unlabeled: bool = False  # every image, label spec.UNLABELED
-
-    def validate(self) -> None:
-        """Raise ValueError naming the bad option and the fix."""
-        if self.format not in spec.FORMATS:
-            raise ValueError(f"unknown format {self.format!r}: choose from {spec.FORMATS}")
-        if self.encoding not in spec.ENCODINGS:
-            raise ValueError(f"unknown encoding {self.encoding!r}: choose from {spec.ENCODINGS}")
-        if self.encoding == "original" and (self.resize or self.center_crop):
-            raise ValueError(
-                "--encoding original stores the source bytes unchanged: drop --resize and "
-                "--center-crop, or use --encoding jpeg or raw"
-            )
-        for name in ("resize", "center_crop", "shard_size", "shard_bytes", "max_pixels"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be a positive number, not {value}")
-        if not 1 <= self.quality <= 100:
-            raise ValueError(f"quality must be between 1 and 100, not {self.quality}")
-        if self.unlabeled and (self.labels_file or self.classes):
-            raise ValueError("--unlabeled excludes --labels, --classes and --classes-from")
-        if self.center_crop and self.resize and self.center_crop > self.resize:
-            raise ValueError(
-                f"--center-crop {self.center_crop} is larger than --resize {self.resize}: the "
-                "crop would pad every image with black on its shorter side; use a crop no "
-                "larger than the resize"
-            )
-        if self.compression is not None and self.format != "hdf5":
-            raise ValueError("--compression applies to --format hdf5 only")
-        if self.compression not in (None, "gzip", "lzf"):
-            raise ValueError(f"unknown compression {self.compression!r}: use gzip or lzf")
-
-    @property
-    def transform(self) -> Transform:
-        return Transform(
-            self.encoding, self.resize, self.center_crop, self.quality, self.exact_resize
-        )
-
-    def shard_limits(self) -> tuple[int | None, int | None]:
-        return (
-            self.shard_size or DEFAULT_SHARD_SIZE[self.format],
-            self.shard_bytes or DEFAULT_SHARD_BYTES[self.format],
-        )
 
 
 class BadInputError(ValueError):
@@ -143,40 +69,6 @@ class BadInputError(ValueError):
 
 class WorkerDiedError(OSError):
     """A worker process died (killed, out of memory): the run stops, resumable."""
-
-
-@dataclass
-class ConvertResult:
-    """The outcome of a conversion, as the summary line and the manifest report it."""
-
-    dst: Path
-    written: int = 0
-    skipped: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-    errors: list[dict[str, str]] = field(default_factory=list)
-    resumed: int = 0  # samples kept from an interrupted run
-    hidden: list[str] = field(default_factory=list)  # skipped as hidden (names with ".")
-    empty_classes: list[str] = field(default_factory=list)  # listed, with no folder in SRC
-
-    def summary(self) -> str:
-        if self.resumed and self.resumed == self.written and not self.seconds:
-            return f"already complete: {self.written} samples in {self.dst}; nothing to do"
-        rate = (self.written - self.resumed) / self.seconds if self.seconds else 0.0
-        kept = f" (kept {self.resumed} from the interrupted run)" if self.resumed else ""
-        hidden = ""
-        if self.hidden:
-            shown = ", ".join(self.hidden[:3]) + (", ..." if len(self.hidden) > 3 else "")
-            hidden = f"; {len(self.hidden)} hidden entries not read ({shown}: --include-hidden)"
-        if self.empty_classes:
-            shown = ", ".join(self.empty_classes[:3])
-            more = ", ..." if len(self.empty_classes) > 3 else ""
-            hidden += f"; {len(self.empty_classes)} listed classes have no folder ({shown}{more})"
-        return (
-            f"written {self.written}{kept}, skipped {self.skipped}, "
-            f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s ({rate:.0f} images/s) "
-            f"-> {self.dst}{hidden}"
-        )
 
 
 # --- work done in each worker process ---------------------------------------------------

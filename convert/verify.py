@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from convert.pipeline import default_workers
+from convert.options import default_workers
 from convert.writers.base import file_sha256
 from readers import DATASETS, spec
 from readers.base import ShardReader
