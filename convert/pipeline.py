@@ -166,14 +166,47 @@ class _Tally:
     shapes: set[tuple[int, ...]] = field(default_factory=set)
     digests: bytearray = field(default_factory=bytearray)
 
-    def entry(self, shard: spec.ShardInfo, end: int, source: Any) -> ShardEntry:
-        """The journal entry of ``shard``, ending at ``end``; ``source``: the running
-        digest of the sample list up to there."""
-        shapes = [list(s) for s in sorted(self.shapes)[:2]]  # two tell "variable" apart
-        per_class = dict(self.per_class)
-        return ShardEntry(
-            shard, end, source.hexdigest(), self.errors, per_class, shapes, bytes(self.digests)
-        )
+
+class _Ledger:
+    """The resume bookkeeping of a run: the completed shards (kept ones first), the running
+    digest of the sample list that each journal entry records, and the tally of the shard
+    being written. The conversion loop reports to it; it writes the journal."""
+
+    def __init__(self, journal: Journal, kept: list[ShardEntry], samples: list[Sample]) -> None:
+        self.journal = journal
+        self.entries = list(kept)
+        self.start = kept[-1].end if kept else 0  # the position where this run starts
+        self._source = hashlib.sha256()
+        for sample in samples[: self.start]:
+            fold_sample(self._source, sample)
+        self._tally = _Tally()
+
+    def skipped(self, sample: Sample, error: dict[str, str]) -> None:
+        self._tally.errors.append(error)
+        fold_sample(self._source, sample)
+
+    def written(self, sample: Sample, record: Record, shape: tuple[int, ...]) -> None:
+        fold_sample(self._source, sample)
+        self._tally.digests += spec.sample_digest(record.label, record.path, record.data)
+        self._tally.per_class[sample.label] += 1
+        self._tally.shapes.add(shape)
+
+    def completed(self, shard: spec.ShardInfo, end: int) -> None:
+        """``shard`` is in place and ends before position ``end``: journal it."""
+        t = self._tally
+        shapes = [list(s) for s in sorted(t.shapes)[:2]]  # two tell "variable" apart
+        entry = ShardEntry(
+            shard, end, self._source.hexdigest(), t.errors, dict(t.per_class), shapes,
+            bytes(t.digests),
+        )  # fmt: skip
+        self.entries.append(entry)
+        self.journal.append(entry)
+        self._tally = _Tally()
+
+    @property
+    def errors(self) -> list[dict[str, str]]:
+        """Files skipped so far, in order, kept shards' included."""
+        return [*(x for e in self.entries for x in e.errors), *self._tally.errors]
 
 
 def convert_folder(
@@ -267,8 +300,8 @@ def _run(
 ) -> ConvertResult:
     """Write the samples after the ``kept`` shards, journaling each completed shard."""
     start_time = time.perf_counter()
-    entries = list(kept)
-    start = kept[-1].end if kept else 0
+    ledger = _Ledger(journal, kept, samples)
+    start = ledger.start
     layout = Layout(
         options.encoding, options.transform.output_shape(), tuple(scan.classes), options.compression
     )
@@ -281,10 +314,6 @@ def _run(
         done=[e.shard for e in kept],
     )
     written = sum(e.shard.samples for e in kept)
-    tally = _Tally()
-    source = hashlib.sha256()  # of the sample list so far, for each journal entry
-    for sample in samples[:start]:
-        fold_sample(source, sample)
     bar = tqdm(
         total=len(samples),
         initial=start,
@@ -305,33 +334,21 @@ def _run(
                     error = {"path": sample.relpath, "error": prepared}
                     if on_error == "fail":
                         raise _bad_input(error, resumable=True)
-                    tally.errors.append(error)
-                    fold_sample(source, sample)
+                    ledger.skipped(sample, error)
                     log.warning("skipped %s", prepared)
                     continue
-                record = Record(
-                    spec.SAMPLE_KEY.format(written),
-                    prepared.data,
-                    prepared.ext,
-                    sample.label,
-                    sample.relpath,
-                )
+                key = spec.SAMPLE_KEY.format(written)
+                record = Record(key, prepared.data, prepared.ext, sample.label, sample.relpath)
                 finished = output.add(record)
                 if finished is not None:
-                    entries.append(tally.entry(finished, position, source))
-                    journal.append(entries[-1])
-                    tally = _Tally()
-                fold_sample(source, sample)
-                tally.digests += spec.sample_digest(record.label, record.path, record.data)
-                tally.per_class[sample.label] += 1
-                tally.shapes.add(prepared.shape)
+                    ledger.completed(finished, position)
+                ledger.written(sample, record, prepared.shape)
                 written += 1
         finished = output.close()
         if finished is not None:
-            entries.append(tally.entry(finished, len(samples), source))
-            journal.append(entries[-1])
-            tally = _Tally()
-        errors = [*scan.problems, *(x for e in entries for x in e.errors), *tally.errors]
+            ledger.completed(finished, len(samples))
+        entries = ledger.entries
+        errors = [*scan.problems, *ledger.errors]
         if errors:
             write_errors(dst / ERRORS_NAME, errors)
         if not entries:
@@ -351,6 +368,7 @@ def _run(
     except BaseException as e:
         full = _disk_full(dst, e)
         output.abort()  # frees the space of the shard being written
+        entries = ledger.entries
         if isinstance(e, KeyboardInterrupt):
             samples_done = sum(x.shard.samples for x in entries)
             e.add_note(f"{len(entries)} shard(s) with {samples_done} samples are complete")
