@@ -37,6 +37,7 @@ import numpy as np
 
 __all__ = [
     "BlockOrder",
+    "EpochSource",
     "EpochState",
     "Ranges",
     "Split",
@@ -285,6 +286,30 @@ class Split:
         every rank has had its whole slice."""
         left = subtract(self.padded, consumed)
         return left if total(consumed) < self.per_rank * self.world_size else ()
+
+
+class EpochSource:
+    """What the map-style sampler and the stream share: the state the next iteration
+    starts from and how it is dealt (subclasses set these four attributes)."""
+
+    _state: EpochState
+    world_size: int
+    drop_last: bool
+    batch_size: int | None
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    @property
+    def epoch_state(self) -> EpochState:
+        """The state the next iteration starts from."""
+        return self._state
+
+    def split(self, state: EpochState | None = None) -> Split:
+        """How ``state`` (default: the one the next iteration starts from) is dealt."""
+        remaining = (state or self._state).remaining
+        return Split(remaining, self.world_size, self.drop_last, self.batch_size or 1)
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:

@@ -14,8 +14,8 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from readers.plan import (
+    EpochSource,
     EpochState,
-    Split,
     epoch_permutation,
     positions,
     resolve_rank,
@@ -25,7 +25,7 @@ from readers.plan import (
 __all__ = ["EpochSampler"]
 
 
-class EpochSampler(Sampler[int]):
+class EpochSampler(EpochSource, Sampler[int]):
     """Indices of this rank's share of each epoch, resumable from :meth:`state_dict`.
 
     Args:
@@ -63,20 +63,6 @@ class EpochSampler(Sampler[int]):
         self._state = EpochState.start(0, seed, self.num_samples)
         self._yielded = 0  # by the current iterator, on this rank
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation) cache
-
-    @property
-    def epoch(self) -> int:
-        return self._state.epoch
-
-    @property
-    def epoch_state(self) -> EpochState:
-        """The state the next iteration starts from."""
-        return self._state
-
-    def split(self, state: EpochState | None = None) -> Split:
-        """How ``state`` (default: the one the next iterator starts from) is dealt."""
-        remaining = (state or self._state).remaining
-        return Split(remaining, self.world_size, self.drop_last, self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` at its beginning (call on every rank before iterating); a

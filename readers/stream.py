@@ -25,7 +25,15 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from readers.base import Transform
-from readers.plan import BlockOrder, EpochState, Split, resolve_rank, take, total, wrapped
+from readers.plan import (
+    BlockOrder,
+    EpochSource,
+    EpochState,
+    resolve_rank,
+    take,
+    total,
+    wrapped,
+)
 from readers.wds import WdsDataset
 
 __all__ = ["WdsStream"]
@@ -34,7 +42,7 @@ _EPOCH, _RANK, _WORLD, _VERSION = range(4)
 _warned_unshuffled: set[str] = set()
 
 
-class WdsStream(IterableDataset):
+class WdsStream(EpochSource, IterableDataset):
     """Streaming reader over imgpack ``wds`` tars, for slow or remote storage.
 
     Each epoch, shards are taken in a seeded order and the samples inside every window of
@@ -100,20 +108,6 @@ class WdsStream(IterableDataset):
     @property
     def num_samples(self) -> int:
         return self.manifest.num_samples
-
-    @property
-    def epoch(self) -> int:
-        return self._state.epoch
-
-    @property
-    def epoch_state(self) -> EpochState:
-        """The state the next iteration starts from."""
-        return self._state
-
-    def split(self, state: EpochState | None = None) -> Split:
-        """How ``state`` (default: the one the next epoch starts from) is dealt."""
-        remaining = (state or self._state).remaining
-        return Split(remaining, self.world_size, self.drop_last, self.batch_size or 1)
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next, from its beginning, on every rank and worker (a state
