@@ -212,9 +212,6 @@ class Measured:
     def add(self, name: str, value: float) -> None:
         self.values.setdefault(name, []).append(value)
 
-    def median(self, name: str) -> float:
-        return statistics.median(self.values[name]) if name in self.values else float("nan")
-
     def as_json(self) -> dict[str, Any]:
         return {
             name: {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": v}
