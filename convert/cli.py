@@ -13,7 +13,7 @@ import click
 
 from convert.cli_measure import bench, fail, tune
 from convert.options import ON_ERROR, ConvertOptions, default_workers
-from convert.pipeline import convert_folder
+from convert.pipeline import ConversionInterrupted, convert_folder
 from convert.verify import verify_dataset
 from readers import __version__, spec
 from readers.spec import DatasetError, load_manifest
@@ -274,11 +274,10 @@ def convert(
         )
     except (ValueError, OSError) as e:
         fail(ctx, e)
-    except KeyboardInterrupt as e:
-        done = "; ".join(getattr(e, "__notes__", []))
+    except KeyboardInterrupt as e:  # ConversionInterrupted once the destination is claimed
+        done = f": {e}" if isinstance(e, ConversionInterrupted) else ""
         click.echo(
-            f"imgpack: interrupted{': ' + done if done else ''}. To continue, rerun the same "
-            "command with --resume.",
+            f"imgpack: interrupted{done}. To continue, rerun the same command with --resume.",
             err=True,
         )
         ctx.exit(130)

@@ -84,7 +84,12 @@ class ConvertOptions:
     @property
     def transform(self) -> Transform:
         return Transform(
-            self.encoding, self.resize, self.center_crop, self.quality, self.exact_resize
+            self.encoding,
+            self.resize,
+            self.center_crop,
+            self.quality,
+            self.exact_resize,
+            self.max_pixels,
         )
 
     def shard_limits(self) -> tuple[int | None, int | None]:

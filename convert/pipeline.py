@@ -9,41 +9,34 @@ names only when complete, each is then recorded in a journal (``convert.journal`
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import hashlib
-import itertools
 import json
 import logging
 import os
 import random
 import shutil
-import signal
 import time
-from collections import Counter, deque
-from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from PIL import Image
 from tqdm import tqdm
 
 from convert.destination import (
     ERRORS_NAME,
-    Journal,
-    ShardEntry,
     claim_destination,
     delete_written,
-    fold_sample,
+    write_errors,
+    write_manifest,
+)
+from convert.executor import WorkerDiedError, prepared_in_order
+from convert.journal import (
+    Journal,
+    Ledger,
+    ShardEntry,
     resumable_entries,
     same_options,
     source_fingerprint,
-    write_errors,
-    write_manifest,
 )
 from convert.options import (
     ON_ERROR,
@@ -51,164 +44,28 @@ from convert.options import (
     ConvertResult,
     default_workers,
 )
-from convert.process import Prepared, Transform, prepare
 from convert.scan import Sample, Scan, scan_source
 from convert.writers import WRITERS, Layout, Record, ShardedOutput
 from readers import spec
 
-__all__ = ["BadInputError", "WorkerDiedError", "convert_folder"]
+__all__ = ["BadInputError", "ConversionInterrupted", "WorkerDiedError", "convert_folder"]
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
 
 
 class BadInputError(ValueError):
     """A source file could not be converted and ``on_error="fail"`` stops the run."""
 
 
-class WorkerDiedError(OSError):
-    """A worker process died (killed, out of memory): the run stops, resumable."""
+class ConversionInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the run; the completed shards are kept for ``--resume``."""
 
-
-# --- work done in each worker process ---------------------------------------------------
-_worker_state: dict[str, Any] = {}
-
-
-def _init_worker(src: str, transform: Transform, max_pixels: int | None) -> None:
-    torch.set_num_threads(1)  # parallelism comes from the worker processes
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler: stop when told
-    _die_with_parent()
-    if max_pixels is not None:
-        Image.MAX_IMAGE_PIXELS = max_pixels
-    _worker_state.update(src=src, transform=transform)
-
-
-def _die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this worker when the main process dies (even by
-    SIGKILL), so that a killed conversion leaves no orphan workers behind."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _prepare_one(relpath: str) -> Prepared | str:
-    """Prepare one file; a bad file gives its error message instead of raising."""
-    path = os.path.join(_worker_state["src"], relpath)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-        if not data:
-            raise ValueError(f"{relpath}: empty file")
-        return prepare(data, relpath, _worker_state["transform"])
-    except OSError as e:
-        return f"{relpath}: cannot read: {e.strerror or e}"
-    except ValueError as e:
-        return str(e)
-
-
-def _prepared_stream(
-    src: Path, relpaths: list[str], transform: Transform, workers: int, max_pixels: int | None
-) -> Iterator[Prepared | str]:
-    """Prepared samples in input order, from a process pool (or in-process for 1 worker)."""
-    if workers <= 1:  # in this process, on one core as asked: torch's threads too
-        threads, limit = torch.get_num_threads(), Image.MAX_IMAGE_PIXELS
-        torch.set_num_threads(1)
-        if max_pixels is not None:
-            Image.MAX_IMAGE_PIXELS = max_pixels
-        _worker_state.update(src=str(src), transform=transform)
-        try:
-            yield from map(_prepare_one, relpaths)
-        finally:
-            torch.set_num_threads(threads)
-            Image.MAX_IMAGE_PIXELS = limit
-        return
-    chunk = max(1, min(16, len(relpaths) // (workers * 8)))
-    chunks = (relpaths[i : i + chunk] for i in range(0, len(relpaths), chunk))
-    pool = ProcessPoolExecutor(
-        workers, initializer=_init_worker, initargs=(str(src), transform, max_pixels)
-    )
-    try:
-        # A bounded window of chunks in flight: memory stays flat whatever the folder size,
-        # stopping early (an error, Ctrl-C) only waits for those, and a worker that dies
-        # (the OOM killer) fails the run instead of hanging it, as Pool.imap would.
-        in_flight: deque[Future[list[Prepared | str]]] = deque()
-        for part in itertools.islice(chunks, 4 * workers):
-            in_flight.append(pool.submit(_prepare_chunk, part))
-        done = 0
-        while in_flight:
-            try:
-                results = in_flight.popleft().result()
-                for part in itertools.islice(chunks, 1):  # submit too raises once one died
-                    in_flight.append(pool.submit(_prepare_chunk, part))
-            except BrokenProcessPool as e:
-                raise WorkerDiedError(
-                    f"a worker process died while preparing {relpaths[done]} or the files "
-                    "after it (killed, or out of memory?): rerun with --resume"
-                ) from e
-            done += len(results)
-            yield from results
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # waits for the chunks running now
-
-
-def _prepare_chunk(relpaths: list[str]) -> list[Prepared | str]:
-    return [_prepare_one(relpath) for relpath in relpaths]
+    def __init__(self, shards: int, samples: int) -> None:
+        super().__init__(f"{shards} shard(s) with {samples} samples are complete")
+        self.shards, self.samples = shards, samples
 
 
 # --- the job ------------------------------------------------------------------------------
-@dataclass
-class _Tally:
-    """What the samples since the last completed shard add up to."""
-
-    errors: list[dict[str, str]] = field(default_factory=list)
-    per_class: Counter[int] = field(default_factory=Counter)
-    shapes: set[tuple[int, ...]] = field(default_factory=set)
-    digests: bytearray = field(default_factory=bytearray)
-
-
-class _Ledger:
-    """The resume bookkeeping of a run: the completed shards (kept ones first), the running
-    digest of the sample list that each journal entry records, and the tally of the shard
-    being written. The conversion loop reports to it; it writes the journal."""
-
-    def __init__(self, journal: Journal, kept: list[ShardEntry], samples: list[Sample]) -> None:
-        self.journal = journal
-        self.entries = list(kept)
-        self.start = kept[-1].end if kept else 0  # the position where this run starts
-        self._source = hashlib.sha256()
-        for sample in samples[: self.start]:
-            fold_sample(self._source, sample)
-        self._tally = _Tally()
-
-    def skipped(self, sample: Sample, error: dict[str, str]) -> None:
-        self._tally.errors.append(error)
-        fold_sample(self._source, sample)
-
-    def written(self, sample: Sample, record: Record, shape: tuple[int, ...]) -> None:
-        fold_sample(self._source, sample)
-        self._tally.digests += spec.sample_digest(record.label, record.path, record.data)
-        self._tally.per_class[sample.label] += 1
-        self._tally.shapes.add(shape)
-
-    def completed(self, shard: spec.ShardInfo, end: int) -> None:
-        """``shard`` is in place and ends before position ``end``: journal it."""
-        t = self._tally
-        shapes = [list(s) for s in sorted(t.shapes)[:2]]  # two tell "variable" apart
-        entry = ShardEntry(
-            shard, end, self._source.hexdigest(), t.errors, dict(t.per_class), shapes,
-            bytes(t.digests),
-        )  # fmt: skip
-        self.entries.append(entry)
-        self.journal.append(entry)
-        self._tally = _Tally()
-
-    @property
-    def errors(self) -> list[dict[str, str]]:
-        """Files skipped so far, in order, kept shards' included."""
-        return [*(x for e in self.entries for x in e.errors), *self._tally.errors]
-
-
 def convert_folder(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -269,7 +126,9 @@ def convert_folder(
         journal = Journal(dst)
         delete_written(dst, keep={spec.LOCK_NAME, *_files_of(kept)})
         journal.start(header, kept)
-        return _run(src, dst, options, scan, samples, kept, journal, workers, on_error, progress)
+        fingerprint = header["source_fingerprint"]
+        job = _Job(src, dst, options, scan, samples, fingerprint, workers, on_error, progress)
+        return _run(job, Ledger(journal, kept, samples))
     finally:
         lock.release()
 
@@ -286,24 +145,31 @@ def _bad_input(error: dict[str, str], resumable: bool) -> BadInputError:
     )
 
 
-def _run(
-    src: Path,
-    dst: Path,
-    options: ConvertOptions,
-    scan: Scan,
-    samples: list[Sample],
-    kept: list[ShardEntry],
-    journal: Journal,
-    workers: int,
-    on_error: str,
-    progress: bool | None,
-) -> ConvertResult:
-    """Write the samples after the ``kept`` shards, journaling each completed shard."""
+@dataclass(frozen=True)
+class _Job:
+    """A conversion as asked: the source's samples in writing order and how to write them."""
+
+    src: Path
+    dst: Path
+    options: ConvertOptions
+    scan: Scan
+    samples: list[Sample]  # shuffled when asked
+    fingerprint: str  # of the sample list, which --resume checks
+    workers: int
+    on_error: str
+    progress: bool | None
+
+
+def _run(job: _Job, ledger: Ledger) -> ConvertResult:
+    """Write the samples after the kept shards, then the manifest; on any failure, abort
+    the shard being written and keep the completed ones for ``--resume``."""
     start_time = time.perf_counter()
-    ledger = _Ledger(journal, kept, samples)
-    start = ledger.start
+    options, dst = job.options, job.dst
     layout = Layout(
-        options.encoding, options.transform.output_shape(), tuple(scan.classes), options.compression
+        options.encoding,
+        options.transform.output_shape(),
+        tuple(job.scan.classes),
+        options.compression,
     )
     output = ShardedOutput(
         dst,
@@ -311,76 +177,89 @@ def _run(
         WRITERS[options.format],
         layout,
         *options.shard_limits(),
-        done=[e.shard for e in kept],
+        done=[e.shard for e in ledger.entries],
     )
-    written = sum(e.shard.samples for e in kept)
+    try:
+        _write_samples(job, ledger, output)
+        result = _result(job, ledger, time.perf_counter() - start_time)
+        write_manifest(
+            job.dst,
+            job.options,
+            job.scan.classes,
+            ledger.entries,
+            result,
+            job.workers,
+            job.fingerprint,
+        )
+    except BaseException as e:
+        output.abort()  # frees the space of the shard being written
+        done = ledger.entries
+        if _disk_full(dst, e):
+            raise OSError(
+                errno.ENOSPC,
+                f"{dst}: no space left on device ({e}); {len(done)} completed shard(s) "
+                "are kept: free some space and rerun the same command with --resume",
+            ) from e
+        if isinstance(e, KeyboardInterrupt) and not isinstance(e, ConversionInterrupted):
+            raise ConversionInterrupted(len(done), sum(x.shard.samples for x in done)) from e
+        raise
+    ledger.journal.remove()
+    return result
+
+
+def _write_samples(job: _Job, ledger: Ledger, output: ShardedOutput) -> None:
+    """The loop: each prepared sample, in order, into the output or the error list."""
+    start, options = ledger.start, job.options
     bar = tqdm(
-        total=len(samples),
+        total=len(job.samples),
         initial=start,
         unit="img",
         desc=f"{options.format}/{options.encoding}",
-        disable=None if progress is None else not progress,
+        disable=None if job.progress is None else not job.progress,
         smoothing=0.1,
     )
-    relpaths = [s.relpath for s in samples[start:]]
-    stream = _prepared_stream(src, relpaths, options.transform, workers, options.max_pixels)
-    try:
-        with bar, contextlib.closing(stream):
-            for position, sample, prepared in zip(
-                range(start, len(samples)), samples[start:], stream, strict=True
-            ):
-                bar.update()
-                if isinstance(prepared, str):
-                    error = {"path": sample.relpath, "error": prepared}
-                    if on_error == "fail":
-                        raise _bad_input(error, resumable=True)
-                    ledger.skipped(sample, error)
-                    log.warning("skipped %s", prepared)
-                    continue
-                key = spec.SAMPLE_KEY.format(written)
-                record = Record(key, prepared.data, prepared.ext, sample.label, sample.relpath)
-                finished = output.add(record)
-                if finished is not None:
-                    ledger.completed(finished, position)
-                ledger.written(sample, record, prepared.shape)
-                written += 1
-        finished = output.close()
-        if finished is not None:
-            ledger.completed(finished, len(samples))
-        entries = ledger.entries
-        errors = [*scan.problems, *ledger.errors]
-        if errors:
-            write_errors(dst / ERRORS_NAME, errors)
-        if not entries:
-            raise ValueError(f"{src}: no image could be converted (see {dst / ERRORS_NAME})")
-        result = ConvertResult(
-            dst,
-            written=written,
-            skipped=len(errors),
-            bytes=sum(e.shard.bytes for e in entries),
-            seconds=time.perf_counter() - start_time,
-            errors=errors,
-            resumed=sum(e.shard.samples for e in kept),
-            hidden=scan.hidden,
-            empty_classes=scan.empty_classes,
-        )
-        write_manifest(dst, options, scan.classes, entries, result, workers, journal)
-    except BaseException as e:
-        full = _disk_full(dst, e)
-        output.abort()  # frees the space of the shard being written
-        entries = ledger.entries
-        if isinstance(e, KeyboardInterrupt):
-            samples_done = sum(x.shard.samples for x in entries)
-            e.add_note(f"{len(entries)} shard(s) with {samples_done} samples are complete")
-        if full:
-            raise OSError(
-                errno.ENOSPC,
-                f"{dst}: no space left on device ({e}); {len(entries)} completed shard(s) "
-                "are kept: free some space and rerun the same command with --resume",
-            ) from e
-        raise
-    journal.remove()
-    return result
+    todo = job.samples[start:]
+    stream = prepared_in_order(job.src, [s.relpath for s in todo], options.transform, job.workers)
+    with bar, contextlib.closing(stream):
+        positions = range(start, len(job.samples))
+        for position, sample, prepared in zip(positions, todo, stream, strict=True):
+            bar.update()
+            if isinstance(prepared, str):
+                error = {"path": sample.relpath, "error": prepared}
+                if job.on_error == "fail":
+                    raise _bad_input(error, resumable=True)
+                ledger.skipped(sample, error)
+                log.warning("skipped %s", prepared)
+                continue
+            key = spec.SAMPLE_KEY.format(ledger.written_samples)
+            record = Record(key, prepared.data, prepared.ext, sample.label, sample.relpath)
+            finished = output.add(record)
+            if finished is not None:
+                ledger.completed(finished, position)
+            ledger.written(sample, record, prepared.shape)
+    finished = output.close()
+    if finished is not None:
+        ledger.completed(finished, len(job.samples))
+
+
+def _result(job: _Job, ledger: Ledger, seconds: float) -> ConvertResult:
+    """What the run did, with its errors (the scan's and the samples') written out."""
+    errors = [*job.scan.problems, *ledger.errors]
+    if errors:
+        write_errors(job.dst / ERRORS_NAME, errors)
+    if not ledger.entries:
+        raise ValueError(f"{job.src}: no image could be converted (see {job.dst / ERRORS_NAME})")
+    return ConvertResult(
+        job.dst,
+        written=ledger.written_samples,
+        skipped=len(errors),
+        bytes=sum(e.shard.bytes for e in ledger.entries),
+        seconds=seconds,
+        errors=errors,
+        resumed=ledger.kept_samples,
+        hidden=job.scan.hidden,
+        empty_classes=job.scan.empty_classes,
+    )
 
 
 def _disk_full(dst: Path, error: BaseException) -> bool:

@@ -33,13 +33,15 @@ _PIL_FORMAT_EXT = {
 
 @dataclass(frozen=True)
 class Transform:
-    """What to do to each image; picklable, sent once to each worker."""
+    """What to do to each image, and which images to refuse unread: the recipe every
+    worker receives with each chunk of files it prepares (small and picklable)."""
 
     encoding: str  # raw | jpeg | original
     resize: int | None = None
     center_crop: int | None = None
     quality: int = 90
     exact_resize: bool = False
+    max_pixels: int | None = None  # the decompression-bomb limit; None: Pillow's
 
     def output_shape(self) -> tuple[int, int, int] | None:
         """The fixed [H, W, 3] every sample gets, or None when shapes vary."""
@@ -101,11 +103,12 @@ def _original_ext(data: bytes, name: str) -> str:
 def prepare(data: bytes, name: str, t: Transform) -> Prepared:
     """Turn one source file's bytes into the stored sample; ValueError names a bad file."""
     if t.encoding == "original":  # a full decode: the check that the bytes decode
-        pixels = decode_image(data, name)
+        pixels = decode_image(data, name, max_pixels=t.max_pixels)
         return Prepared(data, _original_ext(data, name), pixels.shape)
     scaled = t.resize is not None and not t.exact_resize
     full_size = jpeg_size(data) if scaled else None  # (height, width), upright
-    pixels = decode_image(data, name, min_side=t.resize if full_size else None)
+    min_side = t.resize if full_size else None
+    pixels = decode_image(data, name, min_side, max_pixels=t.max_pixels)
     if t.resize:
         pixels = resize_shorter(pixels, t.resize, full_size)
     if t.center_crop:

@@ -16,7 +16,11 @@ CMYK, YCCK JPEG     RGB, by Pillow (Adobe-inverted files too)
 Orientation 2-8     upright, as ``ImageOps.exif_transpose`` (EXIF, else XMP)
 ==================  ======================================================================
 
-An image over ``PIL.Image.MAX_IMAGE_PIXELS`` is refused from its header, before decoding.
+An image over the decompression-bomb limit (``max_pixels=``, by default Pillow's
+``PIL.Image.MAX_IMAGE_PIXELS``) is refused from its header, before decoding. The limit is
+an argument, never a process-wide setting that decoding changes: Pillow's own secondary
+check in a few plugins (GIF frames, ICO, ICNS) still reads its global, and an image it
+refuses there is reported as undecodable.
 Pillow judges damaged files on every path (a JPEG libjpeg-turbo warns about goes to it); no
 Python warning escapes, but for Pillow's own about a damaged TIFF.
 """
@@ -62,7 +66,7 @@ _PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error)
 
 
 class ImageTooLargeError(ValueError):
-    """The image has more pixels than ``PIL.Image.MAX_IMAGE_PIXELS`` allows."""
+    """The image has more pixels than the decompression-bomb limit allows."""
 
 
 def is_jpeg(data: bytes | memoryview) -> bool:
@@ -121,9 +125,16 @@ def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
 
 
 def decode_image(
-    data: bytes | memoryview, name: str = "", min_side: int | None = None
+    data: bytes | memoryview,
+    name: str = "",
+    min_side: int | None = None,
+    *,
+    max_pixels: int | None = None,
 ) -> np.ndarray:
     """Decode encoded image bytes to an upright uint8 ``[H, W, 3]`` RGB array.
+
+    ``max_pixels`` refuses larger images from their header (None: Pillow's limit,
+    ``PIL.Image.MAX_IMAGE_PIXELS``, read per call; 0: no limit).
 
     With ``min_side``, a JPEG whose shorter side is at least twice that is decoded
     downscaled in the DCT domain (by 2, 4 or 8, keeping the shorter side >= ``min_side``):
@@ -135,17 +146,17 @@ def decode_image(
 
     Raises:
         ValueError: starting with ``name`` when the bytes are not a decodable image;
-            :class:`ImageTooLargeError` when it is over ``PIL.Image.MAX_IMAGE_PIXELS``.
+            :class:`ImageTooLargeError` when it is over the limit.
     """
     data = bytes(data)
     if not is_jpeg(data):
-        return _decode_pil(data, name)
+        return _decode_pil(data, name, max_pixels=max_pixels)
     header = _jpeg_header(data)
     orientation: int | None = None
     scan = len(data)  # where Pillow stops reading markers, if ours don't parse
     if header is not None:
         width, height, orientation, scan = header
-        _check_pixels(width, height, name)
+        _check_pixels(width, height, name, max_pixels)
         tj = _turbojpeg()
         scale = dct_scale(width, height, min_side)
         if tj is not None and data.endswith(JPEG_EOI):
@@ -163,21 +174,23 @@ def decode_image(
     # Pillow reads EXIF (up to the first scan) while opening a JPEG, for DPI, and warns if it
     # is malformed. We have the orientation already, so we hide it ("exif" is not "Exif").
     data = _EXIF_APP1.sub(rb"\1exif", data[:scan]) + data[scan:]
-    return _decode_pil(data, name, orientation, min_side)
+    return _decode_pil(data, name, orientation, min_side, max_pixels)
 
 
 def _prefix(name: str) -> str:
     return f"{name}: " if name else ""
 
 
-def _check_pixels(width: int, height: int, name: str) -> None:
-    """Refuse a decompression bomb; the limit is read per call so that raising it works."""
-    limit = Image.MAX_IMAGE_PIXELS
+def _check_pixels(width: int, height: int, name: str, max_pixels: int | None) -> None:
+    """Refuse a decompression bomb: over ``max_pixels``, or without one over Pillow's
+    limit, read per call so that a program raising it is obeyed."""
+    limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels or None
     if limit is not None and width * height > limit:
+        origin = "PIL.Image.MAX_IMAGE_PIXELS; " if max_pixels is None else ""
         raise ImageTooLargeError(
             f"{_prefix(name)}image is {width}x{height} = {width * height:,} pixels, over the "
-            f"decompression-bomb limit of {limit:,} (PIL.Image.MAX_IMAGE_PIXELS; "
-            "imgpack convert --max-pixels raises it)"
+            f"decompression-bomb limit of {limit:,} ({origin}imgpack convert --max-pixels "
+            "raises it)"
         )
 
 
@@ -290,12 +303,16 @@ def _open_pil(data: bytes) -> ImageFile.ImageFile:
 
 
 def _decode_pil(
-    data: bytes, name: str, orientation: int | None = None, min_side: int | None = None
+    data: bytes,
+    name: str,
+    orientation: int | None = None,
+    min_side: int | None = None,
+    max_pixels: int | None = None,
 ) -> np.ndarray:
     """Decode with Pillow, which judges damaged files, after our own size check."""
     try:
         img = _open_pil(data)
-        _check_pixels(*img.size, name)
+        _check_pixels(*img.size, name, max_pixels)
         d = dct_scale(*img.size, min_side)[1] if img.format == "JPEG" else 1
         if d > 1:  # the same DCT-domain reduction as libjpeg-turbo's scaling factor
             img.draft(img.mode, (img.width // d, img.height // d))

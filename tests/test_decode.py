@@ -286,6 +286,19 @@ def test_jpeg_over_the_limit_is_refused_before_decoding(
     np.testing.assert_array_equal(_decode_quietly(data), reference)
 
 
+def test_an_explicit_limit_is_obeyed_and_pillows_setting_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = _encode(_photo("coffee", 200, 200), "PNG")
+    expected = np.asarray(_photo("coffee", 200, 200))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10_000)  # what the calling program set
+    np.testing.assert_array_equal(decode_image(data, "c.png", max_pixels=40_000), expected)
+    np.testing.assert_array_equal(decode_image(data, "c.png", max_pixels=0), expected)
+    with pytest.raises(ImageTooLargeError, match=r"limit of 39,999 \(imgpack convert --max-pix"):
+        decode_image(data, "c.png", max_pixels=39_999)
+    assert Image.MAX_IMAGE_PIXELS == 10_000
+
+
 # --- damaged data ----------------------------------------------------------------------------
 def _damaged_jpegs() -> dict[str, bytes]:
     """Complete JPEGs (SOI ... EOI) with their entropy-coded data damaged mid-scan."""

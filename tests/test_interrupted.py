@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,6 +179,7 @@ def test_ctrl_c_or_sigterm_exits_cleanly_saying_how_to_resume(source, reference,
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert "interrupted" in stderr and "--resume" in stderr
+    assert re.search(r"interrupted: [1-9]\d* shard\(s\) with [1-9]\d* samples are complete", stderr)
     assert not (dst / spec.MANIFEST_NAME).exists()
     assert not list(dst.glob(spec.TMP_PREFIX + "*"))  # the partial shard is cleaned up
     done = run_cli(source, dst, "wds", "--resume")

@@ -14,9 +14,11 @@ from collections import Counter
 import pytest
 import torch
 from click.testing import CliRunner
+from PIL import Image
 from torch.utils.data import DataLoader
 
 import readers
+from convert import ConvertOptions, convert_folder
 from convert.cli import main
 from readers import spec
 from tests.conftest import ROOT
@@ -158,6 +160,17 @@ def test_dst_inside_src_or_equal_to_it_is_refused_before_anything_is_written(tmp
     assert "Traceback" not in done.stderr and not (src / "out").exists()
     result = convert_cli(src, src, "--format", "pt")
     assert result.exit_code == 1 and "DST is SRC itself" in result.output
+
+
+def test_max_pixels_reaches_an_in_process_run_without_changing_pillows_limit(
+    tmp_path, sample_data, monkeypatch
+):
+    src = small_source(tmp_path, sample_data)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1_000)  # the calling program's own limit
+    options = ConvertOptions("pt", encoding="raw", resize=32, max_pixels=10**9)
+    result = convert_folder(src, tmp_path / "dst", options, workers=1)
+    assert result.written == 4 and result.skipped == 1  # stray.jpg, outside any class
+    assert Image.MAX_IMAGE_PIXELS == 1_000
 
 
 def test_a_centre_crop_larger_than_the_resize_is_refused(tmp_path, sample_data):
