@@ -10,12 +10,18 @@ or, map-style by hand:
 >>> ds = readers.open_dataset("/data/imagenet-pt")            # whatever format it holds
 >>> loader = DataLoader(ds, batch_size=256, shuffle=True, collate_fn=readers.collate)
 
+Training crops are reader options, done inside the decode (no per-sample transform):
+
+>>> crop = readers.RandomResizedCrop(224, flip=True)          # torchvision's semantics
+>>> loader = readers.make_loader("/data/imagenet-pt", batch_size=256, crop=crop)
+
 Training code imports this package only; it never pulls in the converter.
 """
 
 from __future__ import annotations
 
 from readers.base import ImageDataset, SampleBatch, collate, collate_any
+from readers.crop import CenterCrop, RandomResizedCrop
 from readers.decode import decode_image, decoder_name
 from readers.device import DevicePrefetcher
 from readers.hdf5 import Hdf5Dataset
@@ -32,6 +38,7 @@ from readers.wds import WdsDataset
 
 __all__ = [
     "DATASETS",
+    "CenterCrop",
     "DatasetError",
     "DevicePrefetcher",
     "EpochSampler",
@@ -41,6 +48,7 @@ __all__ = [
     "Loader",
     "Manifest",
     "PtDataset",
+    "RandomResizedCrop",
     "SampleBatch",
     "WaitMeter",
     "WdsDataset",

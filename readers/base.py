@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
+from readers.crop import Crop
 from readers.decode import decode_image
+from readers.fused import crop_batch
 from readers.spec import DatasetError, Manifest, StorageKind, load_manifest
 
 __all__ = ["ImageDataset", "SampleBatch", "ShardReader", "collate", "collate_any"]
@@ -134,6 +136,10 @@ class ImageDataset(Dataset):
             bytes (raw samples stay pixels), to decode on the GPU
             (``DevicePrefetcher(..., gpu_decode=True)``); batch them with
             :func:`collate_any`.
+        crop: a :class:`readers.CenterCrop` or :class:`readers.RandomResizedCrop` done
+            inside the decode, straight into the batch (a JPEG decodes scaled down in the
+            DCT domain when the crop allows); ``transform`` then sees the cropped image.
+            Call :meth:`set_epoch` each epoch for new random crops.
 
     Images are ``torch.uint8`` ``[3, H, W]`` RGB views of HWC storage (channels-last
     memory); labels are ``int`` class indices as torchvision's ``ImageFolder`` gives them.
@@ -148,13 +154,15 @@ class ImageDataset(Dataset):
         transform: Transform | None = None,
         decode_threads: int | None = None,
         decode: bool = True,
+        crop: Crop | None = None,
     ) -> None:
-        if transform is not None and not decode:
-            raise ValueError("transform= needs decoded images: drop it or keep decode=True")
+        if (transform is not None or crop is not None) and not decode:
+            raise ValueError("transform= and crop= need decoded images: keep decode=True")
         self.manifest: Manifest = load_manifest(root, expect_format=self.format)
         self.decode = decode
         self.root = self.manifest.root
         self.transform = transform
+        self.crop = crop
         self.decode_threads = decode_threads
         self._ends = list(accumulate(s.samples for s in self.manifest.shards))
         self._pid: int | None = None
@@ -192,6 +200,11 @@ class ImageDataset(Dataset):
         labels = torch.tensor([int(self._shard(s).labels[k]) for s, k in located])
         if not located:
             return SampleBatch([], labels)
+        if self.crop is not None and self.transform is None:
+            batch = _new_batch((len(located), 3, *self.crop.size), torch.uint8)
+            rows = batch.permute(0, 2, 3, 1)
+            self._crop_into(self.crop, located, [self._shard(s).read(k) for s, k in located], rows)
+            return SampleBatch(batch, labels)
         layout = self.manifest.layout
         if layout.kind is StorageKind.FIXED_PIXELS and layout.shape and self.transform is None:
             height, width, channels = layout.shape
@@ -199,6 +212,12 @@ class ImageDataset(Dataset):
             self._gather_pixels(located, images.permute(0, 2, 3, 1))
             return SampleBatch(images, labels)
         return SampleBatch(self._load_batch(located), labels)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use epoch ``epoch``'s random crops (``crop=``); :class:`readers.EpochSampler`
+        calls it, and so :func:`readers.make_loader`."""
+        if self.crop is not None:
+            self.crop.set_epoch(epoch)
 
     def stored(self, index: int) -> bytes | memoryview | np.ndarray:
         """Sample ``index`` as stored, without decoding: the encoded bytes (a memoryview of
@@ -297,8 +316,27 @@ class ImageDataset(Dataset):
 
     def _decode(self, value: Any, shard: int, local: int) -> Any:
         """A stored value of local sample ``local`` of ``shard`` as the image it serves."""
-        image = self._to_tensor(value, shard, local)
+        if self.crop is None:
+            image = self._to_tensor(value, shard, local)
+        else:
+            rows = torch.empty((1, *self.crop.size, 3), dtype=torch.uint8)
+            self._crop_into(self.crop, [(shard, local)], [value], rows)
+            image = rows[0].permute(2, 0, 1)
         return self.transform(image) if self.transform is not None else image
+
+    def _crop_into(
+        self, crop: Crop, located: list[tuple[int, int]], values: list[Any], rows: torch.Tensor
+    ) -> None:
+        """Decode, crop and resize each sample into its HWC row of ``rows``, on the decode
+        threads (see :mod:`readers.fused`)."""
+        crop_batch(
+            values,
+            np.array([(self._ends[s - 1] if s else 0) + k for s, k in located]),
+            crop,
+            rows.numpy(),
+            self._map,
+            lambda row: f"{self.manifest.shard_path(located[row][0])}[{located[row][1]}]",
+        )
 
     def _to_tensor(self, value: Any, shard: int, local: int) -> torch.Tensor:
         if not self.decode and not isinstance(value, np.ndarray):

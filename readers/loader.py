@@ -15,6 +15,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from readers.base import ImageDataset, Transform, collate, collate_any
+from readers.crop import Crop
 from readers.plan import EpochState, Split, resolve_rank
 from readers.registry import open_dataset
 from readers.sampler import EpochSampler
@@ -127,6 +128,7 @@ def make_loader(
     transform: Transform | None = None,
     decode_threads: int | None = None,
     decode: bool = True,
+    crop: Crop | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     **dataloader_kwargs: Any,
@@ -148,9 +150,11 @@ def make_loader(
         stream: read a ``wds`` dataset with :class:`WdsStream` (sequential passes, for slow
             or remote storage) instead of by random access.
         shuffle_buffer: the stream's shuffle window, in samples.
-        transform, decode_threads, decode: passed to the dataset (see
+        transform, decode_threads, decode, crop: passed to the dataset (see
             :class:`ImageDataset`); ``decode=False`` serves encoded samples undecoded, for
-            ``DevicePrefetcher(loader, gpu_decode=True)``, batched as lists.
+            ``DevicePrefetcher(loader, gpu_decode=True)``, batched as lists; ``crop`` (a
+            :class:`readers.RandomResizedCrop` or :class:`readers.CenterCrop`) is done
+            inside the decode, with new random crops every epoch.
         rank, world_size: explicit placement, overriding what the process can see.
         **dataloader_kwargs: anything else ``DataLoader`` takes (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``...);
@@ -170,6 +174,7 @@ def make_loader(
             root,
             transform=transform,
             decode=decode,
+            crop=crop,
             shuffle_buffer=shuffle_buffer if shuffle else 0,
             seed=seed,
             batch_size=batch_size,
@@ -184,7 +189,7 @@ def make_loader(
             dataset = path
         else:
             dataset = open_dataset(
-                path, transform=transform, decode_threads=decode_threads, decode=decode
+                path, transform=transform, decode_threads=decode_threads, decode=decode, crop=crop
             )
         source = sampler = EpochSampler(
             dataset,

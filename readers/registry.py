@@ -25,7 +25,8 @@ DATASETS: dict[str, type[ImageDataset]] = {
 def open_dataset(root: str | os.PathLike[str], **kwargs: Any) -> ImageDataset:
     """Open the imgpack dataset at ``root`` with the map-style reader its manifest names.
 
-    Keyword arguments go to the dataset class (``transform``, ``decode_threads``). For
+    Keyword arguments go to the dataset class (``transform``, ``decode_threads``,
+    ``crop``: :class:`readers.CenterCrop` or :class:`readers.RandomResizedCrop`). For
     streaming reads of ``wds`` tars use :class:`readers.WdsStream`, or
     :func:`readers.make_loader` with ``stream=True``.
     """

@@ -63,6 +63,8 @@ class EpochSampler(EpochSource, Sampler[int]):
         self._state = EpochState.start(0, seed, self.num_samples)
         self._yielded = 0  # by the current iterator, on this rank
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation) cache
+        # a dataset's set_epoch (its random crops), told each epoch it is handed out
+        self._dataset_set_epoch = getattr(data, "set_epoch", None)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` at its beginning (call on every rank before iterating); a
@@ -77,6 +79,8 @@ class EpochSampler(EpochSource, Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         state, self._yielded = self._state, 0
+        if self._dataset_set_epoch is not None:
+            self._dataset_set_epoch(state.epoch)
         split = self.split(state)
         order = self._permutation(state.epoch)
         mine = positions(wrapped(split.rank_ranges(self.rank), self.num_samples))

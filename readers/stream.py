@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from readers.base import Transform
+from readers.crop import Crop
 from readers.plan import (
     BlockOrder,
     EpochSource,
@@ -65,6 +66,8 @@ class WdsStream(EpochSource, IterableDataset):
             ``RANK``/``WORLD_SIZE``, read in the training process at construction,
             :meth:`set_epoch`, :meth:`load_state_dict` and each in-process ``__iter__``.
         decode: False yields encoded samples undecoded (see :class:`readers.ImageDataset`).
+        crop: a crop done inside the decode (see :class:`readers.ImageDataset`); random
+            crops depend on the seed, epoch and sample index only.
 
     Call :meth:`set_epoch` before each epoch (:func:`readers.make_loader` does).
     """
@@ -81,10 +84,13 @@ class WdsStream(EpochSource, IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         decode: bool = True,
+        crop: Crop | None = None,
     ) -> None:
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, not {shuffle_buffer}")
-        self._dataset = WdsDataset(root, transform=transform, decode_threads=1, decode=decode)
+        self._dataset = WdsDataset(
+            root, transform=transform, decode_threads=1, decode=decode, crop=crop
+        )
         self.manifest = self._dataset.manifest
         self.transform = transform
         self.shuffle_buffer = shuffle_buffer
@@ -181,6 +187,7 @@ class WdsStream(EpochSource, IterableDataset):
             self.shuffle_buffer,
         )
         self._iterating, self._yielded = state, skip
+        self._dataset.set_epoch(state.epoch)
         for lo, hi in mine:
             for a, b in order.chunks(lo, hi):
                 for item in self._read(order.indices(a, b)):
