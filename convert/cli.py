@@ -13,7 +13,7 @@ import click
 
 from convert.cli_measure import bench, fail, tune
 from convert.options import ON_ERROR, ConvertOptions, default_workers
-from convert.pipeline import ConversionInterrupted, convert_folder
+from convert.pipeline import EXECUTORS, ConversionInterrupted, convert_folder
 from convert.verify import verify_dataset
 from readers import __version__, spec
 from readers.spec import DatasetError, load_manifest
@@ -155,6 +155,21 @@ def _interrupt(signum: int, frame: object) -> None:
     help=f"Processes decoding and encoding [default: usable CPUs, {default_workers()} here].",
 )
 @click.option(
+    "--executor",
+    type=click.Choice(EXECUTORS),
+    default="local",
+    show_default=True,
+    help="local: a process pool on this machine. ray: shards as Ray tasks (pip install "
+    "'imgpack[ray]'), planned by --shard-size [default 10000 for every format: hdf5 and "
+    "lmdb then write one file per shard]; see docs/SCALING.md.",
+)
+@click.option(
+    "--ray-address",
+    metavar="ADDR",
+    help="With --executor ray: the cluster to run on (host:port, or 'auto') [default: "
+    "RAY_ADDRESS, else a new local instance with --workers CPUs].",
+)
+@click.option(
     "--shuffle",
     is_flag=True,
     help="Write samples in a random order (fixed by --seed), so that reading a "
@@ -218,6 +233,8 @@ def convert(
     shard_size: int | None,
     shard_bytes: str | None,
     workers: int | None,
+    executor: str,
+    ray_address: str | None,
     shuffle: bool,
     seed: int,
     compression: str | None,
@@ -271,6 +288,8 @@ def convert(
             resume=resume,
             on_error=on_error,
             progress=progress,
+            executor=executor,
+            ray_address=ray_address,
         )
     except (ValueError, OSError) as e:
         fail(ctx, e)

@@ -30,6 +30,7 @@ __all__ = [
     "Journal",
     "Ledger",
     "ShardEntry",
+    "Tally",
     "fold_sample",
     "resumable_entries",
     "same_options",
@@ -194,13 +195,26 @@ def same_options(path: Path, recorded: dict[str, Any], options: dict[str, Any]) 
 
 # --- a run's bookkeeping ---------------------------------------------------------------------
 @dataclass
-class _Tally:
-    """What the samples since the last completed shard add up to."""
+class Tally:
+    """What the samples of the shard being written add up to: its journal entry's tallies
+    (kept by the run's :class:`Ledger`, or by the task that writes a planned shard)."""
 
     errors: list[dict[str, str]] = field(default_factory=list)
     per_class: Counter[int] = field(default_factory=Counter)
     shapes: set[tuple[int, ...]] = field(default_factory=set)
     digests: bytearray = field(default_factory=bytearray)
+
+    def written(self, record: Record, shape: tuple[int, ...]) -> None:
+        self.digests += spec.sample_digest(record.label, record.path, record.data)
+        self.per_class[record.label] += 1
+        self.shapes.add(shape)
+
+    def entry(self, shard: spec.ShardInfo, end: int, source: str) -> ShardEntry:
+        """The journal entry of ``shard``, complete with these tallies."""
+        shapes = [list(s) for s in sorted(self.shapes)[:2]]  # two tell "variable" apart
+        return ShardEntry(
+            shard, end, source, self.errors, dict(self.per_class), shapes, bytes(self.digests)
+        )
 
 
 class Ledger:
@@ -217,7 +231,7 @@ class Ledger:
         self._source = hashlib.sha256()
         for sample in samples[: self.start]:
             fold_sample(self._source, sample)
-        self._tally = _Tally()
+        self._tally = Tally()
 
     def skipped(self, sample: Sample, error: dict[str, str]) -> None:
         self._tally.errors.append(error)
@@ -226,21 +240,14 @@ class Ledger:
     def written(self, sample: Sample, record: Record, shape: tuple[int, ...]) -> None:
         self.written_samples += 1
         fold_sample(self._source, sample)
-        self._tally.digests += spec.sample_digest(record.label, record.path, record.data)
-        self._tally.per_class[sample.label] += 1
-        self._tally.shapes.add(shape)
+        self._tally.written(record, shape)
 
     def completed(self, shard: spec.ShardInfo, end: int) -> None:
         """``shard`` is in place and ends before position ``end``: journal it."""
-        t = self._tally
-        shapes = [list(s) for s in sorted(t.shapes)[:2]]  # two tell "variable" apart
-        entry = ShardEntry(
-            shard, end, self._source.hexdigest(), t.errors, dict(t.per_class), shapes,
-            bytes(t.digests),
-        )  # fmt: skip
+        entry = self._tally.entry(shard, end, self._source.hexdigest())
         self.entries.append(entry)
         self.journal.append(entry)
-        self._tally = _Tally()
+        self._tally = Tally()
 
     @property
     def errors(self) -> list[dict[str, str]]:

@@ -16,7 +16,8 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from convert.options import (
     ConvertResult,
     default_workers,
 )
+from convert.planned import PlannedLedger, ShardPlan, resumable_planned
 from convert.scan import Sample, Scan, scan_source
 from convert.writers import WRITERS, Layout, Record, ShardedOutput
 from readers import spec
@@ -51,6 +53,9 @@ from readers import spec
 __all__ = ["BadInputError", "ConversionInterrupted", "WorkerDiedError", "convert_folder"]
 
 log = logging.getLogger(__name__)
+
+EXECUTORS = ("local", "ray")
+RAY_HINT = "--executor ray needs Ray: pip install 'imgpack[ray]' (or pip install 'ray>=2.9')"
 
 
 class BadInputError(ValueError):
@@ -75,6 +80,8 @@ def convert_folder(
     resume: bool = False,
     on_error: str = "skip",
     progress: bool | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> ConvertResult:
     """Convert the ImageNet-layout folder ``src`` into an imgpack dataset at ``dst``.
 
@@ -85,6 +92,10 @@ def convert_folder(
         on_error: ``"skip"`` bad files (listed in ``errors.jsonl``) or ``"fail"`` on the
             first one, raising BadInputError.
         progress: show a tqdm bar (None: only when stderr is a terminal).
+        executor: ``"local"`` (a process pool) or ``"ray"``: planned shards as Ray tasks
+            (``convert.planned``, ``convert.ray_executor``) on the cluster at
+            ``ray_address`` (None: the one this process joined, else ``RAY_ADDRESS``, else
+            a new local instance with ``workers`` CPUs).
 
     Raises:
         ValueError, FileNotFoundError, FileExistsError: with the bad input and the fix.
@@ -95,6 +106,7 @@ def convert_folder(
         raise ValueError(f"unknown on_error {on_error!r}: choose from {ON_ERROR}")
     if overwrite and resume:
         raise ValueError("--overwrite and --resume exclude each other: choose one")
+    _check_executor(executor, ray_address, options, workers)
     src, dst = Path(src), Path(dst)
     _refuse_dst_in_src(src, dst)
     workers = workers or default_workers()
@@ -117,20 +129,56 @@ def convert_folder(
         "source_fingerprint": source_fingerprint(samples),
         "classes": scan.classes,
     }
+    plan = ShardPlan.of(options, samples) if executor == "ray" else None
+    if plan is not None:
+        header["plan"] = plan.header()
 
     lock = claim_destination(dst, overwrite, resume)
     try:
         if resume and (dst / spec.MANIFEST_NAME).is_file():
             return _already_complete(dst, header)
-        kept = resumable_entries(dst, header["options"], samples) if resume else []
+        if not resume:
+            kept = []
+        elif plan is not None:
+            kept = resumable_planned(dst, header, plan)
+        else:
+            kept = resumable_entries(dst, header["options"], samples)
         journal = Journal(dst)
         delete_written(dst, keep={spec.LOCK_NAME, *_files_of(kept)})
         journal.start(header, kept)
         fingerprint = header["source_fingerprint"]
         job = _Job(src, dst, options, scan, samples, fingerprint, workers, on_error, progress)
+        if plan is not None:
+            return _run_on_ray(job, PlannedLedger(journal, plan, kept), ray_address)
         return _run(job, Ledger(journal, kept, samples))
     finally:
         lock.release()
+
+
+def _check_executor(
+    executor: str, ray_address: str | None, options: ConvertOptions, workers: int | None
+) -> None:
+    """Refuse, before anything is touched, what the executor cannot do."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}: choose from {EXECUTORS}")
+    if executor != "ray":
+        if ray_address:
+            raise ValueError("--ray-address needs --executor ray")
+        return
+    try:
+        import convert.ray_executor  # noqa: F401  (Ray is an optional extra)
+    except ImportError as e:
+        raise ValueError(RAY_HINT) from e
+    if options.shard_bytes:
+        raise ValueError(
+            "--shard-bytes cannot be planned before the images are prepared: with --executor "
+            "ray shards are planned by count; use --shard-size N (N = SIZE / bytes per sample)"
+        )
+    if ray_address and workers:
+        raise ValueError(
+            "--workers sizes a new local Ray instance; the cluster at --ray-address has its "
+            "own CPUs: drop --workers"
+        )
 
 
 def _files_of(entries: list[ShardEntry]) -> list[str]:
@@ -161,26 +209,66 @@ class _Job:
 
 
 def _run(job: _Job, ledger: Ledger) -> ConvertResult:
-    """Write the samples after the kept shards, then the manifest; on any failure, abort
-    the shard being written and keep the completed ones for ``--resume``."""
-    start_time = time.perf_counter()
-    options, dst = job.options, job.dst
-    layout = Layout(
+    """Write the samples after the kept shards in this process, then the manifest."""
+    options = job.options
+    output = ShardedOutput(
+        job.dst,
+        options.format,
+        WRITERS[options.format],
+        _layout(job),
+        *options.shard_limits(),
+        done=[e.shard for e in ledger.entries],
+    )
+    return _finish(job, ledger, lambda: _write_samples(job, ledger, output), output.abort)
+
+
+def _run_on_ray(job: _Job, ledger: PlannedLedger, ray_address: str | None) -> ConvertResult:
+    """Write the shards the ledger lacks as Ray tasks, then the manifest."""
+    from convert import ray_executor  # Ray is an optional extra
+
+    with ray_executor.connected(ray_address, job.workers) as cpus:
+        job = replace(job, workers=cpus)
+
+        def write() -> None:
+            with _progress_bar(job, ledger.kept_positions()) as bar:
+                error = ray_executor.run_shards(
+                    ray_executor.ShardJob(
+                        job.src, job.dst, job.samples, job.options.transform, _layout(job)
+                    ),
+                    ledger,
+                    stop_on_error=job.on_error == "fail",
+                    writes_here=False,
+                    cpus=cpus,
+                    bar=bar,
+                )
+            if error is not None:
+                raise _bad_input(error, resumable=True)
+
+        return _finish(job, ledger, write, abort=lambda: None)
+
+
+def _layout(job: _Job) -> Layout:
+    options = job.options
+    return Layout(
         options.encoding,
         options.transform.output_shape(),
         tuple(job.scan.classes),
         options.compression,
     )
-    output = ShardedOutput(
-        dst,
-        options.format,
-        WRITERS[options.format],
-        layout,
-        *options.shard_limits(),
-        done=[e.shard for e in ledger.entries],
-    )
+
+
+def _finish(
+    job: _Job,
+    ledger: Ledger | PlannedLedger,
+    write: Callable[[], None],
+    abort: Callable[[], None],
+) -> ConvertResult:
+    """Run ``write`` (the shards), then write the manifest; on any failure, ``abort`` the
+    shard being written and keep the completed ones for ``--resume``."""
+    start_time = time.perf_counter()
+    dst = job.dst
     try:
-        _write_samples(job, ledger, output)
+        write()
         result = _result(job, ledger, time.perf_counter() - start_time)
         write_manifest(
             job.dst,
@@ -192,7 +280,7 @@ def _run(job: _Job, ledger: Ledger) -> ConvertResult:
             job.fingerprint,
         )
     except BaseException as e:
-        output.abort()  # frees the space of the shard being written
+        abort()  # frees the space of the shard being written
         done = ledger.entries
         if _disk_full(dst, e):
             raise OSError(
@@ -210,14 +298,7 @@ def _run(job: _Job, ledger: Ledger) -> ConvertResult:
 def _write_samples(job: _Job, ledger: Ledger, output: ShardedOutput) -> None:
     """The loop: each prepared sample, in order, into the output or the error list."""
     start, options = ledger.start, job.options
-    bar = tqdm(
-        total=len(job.samples),
-        initial=start,
-        unit="img",
-        desc=f"{options.format}/{options.encoding}",
-        disable=None if job.progress is None else not job.progress,
-        smoothing=0.1,
-    )
+    bar = _progress_bar(job, start)
     todo = job.samples[start:]
     stream = prepared_in_order(job.src, [s.relpath for s in todo], options.transform, job.workers)
     with bar, contextlib.closing(stream):
@@ -242,7 +323,19 @@ def _write_samples(job: _Job, ledger: Ledger, output: ShardedOutput) -> None:
         ledger.completed(finished, len(job.samples))
 
 
-def _result(job: _Job, ledger: Ledger, seconds: float) -> ConvertResult:
+def _progress_bar(job: _Job, initial: int) -> tqdm:
+    options = job.options
+    return tqdm(
+        total=len(job.samples),
+        initial=initial,
+        unit="img",
+        desc=f"{options.format}/{options.encoding}",
+        disable=None if job.progress is None else not job.progress,
+        smoothing=0.1,
+    )
+
+
+def _result(job: _Job, ledger: Ledger | PlannedLedger, seconds: float) -> ConvertResult:
     """What the run did, with its errors (the scan's and the samples') written out."""
     errors = [*job.scan.problems, *ledger.errors]
     if errors:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import io
 import random
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import skimage.data
 from PIL import Image
 
-__all__ = ["encode", "photo_crop"]
+__all__ = ["encode", "photo_crop", "photo_folder"]
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 
@@ -39,3 +40,14 @@ def encode(image: np.ndarray | Image.Image, fmt: str = "JPEG", **params: object)
     out = io.BytesIO()
     image.save(out, fmt, **params)
     return out.getvalue()
+
+
+def photo_folder(src: Path, images: int, height: int, width: int, classes: int = 3) -> Path:
+    """``src`` filled with ``images`` JPEG photo crops spread over ``classes`` class folders."""
+    for i in range(images):
+        folder = src / f"class{i % classes}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"img{i:04d}.jpg").write_bytes(
+            encode(photo_crop(height, width, seed=i), quality=92)
+        )
+    return src

@@ -25,7 +25,7 @@ from convert import ConvertOptions, convert_folder
 from convert.cli import main
 from convert.verify import verify_dataset
 from readers import spec
-from tests.photos import encode, photo_crop
+from tests.photos import photo_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = 120
@@ -36,12 +36,7 @@ ARGS = ["--encoding", "jpeg", "--resize", "128", "--shard-size", str(SHARD)]
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    src = tmp_path_factory.mktemp("interrupted-src")
-    for i in range(IMAGES):
-        folder = src / f"class{i % 3}"
-        folder.mkdir(exist_ok=True)
-        (folder / f"img{i:04d}.jpg").write_bytes(encode(photo_crop(192, 256, seed=i), quality=92))
-    return src
+    return photo_folder(tmp_path_factory.mktemp("interrupted-src"), IMAGES, 192, 256)
 
 
 @pytest.fixture(scope="module")

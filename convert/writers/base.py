@@ -23,7 +23,15 @@ import numpy as np
 from readers import spec
 from readers.spec import Layout, ShardInfo
 
-__all__ = ["Layout", "Record", "ShardWriter", "ShardedOutput", "file_sha256"]
+__all__ = [
+    "Layout",
+    "Record",
+    "ShardWriter",
+    "ShardedOutput",
+    "discard_shard",
+    "file_sha256",
+    "place_shard",
+]
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,34 @@ def file_sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def place_shard(tmp: Path, final: Path, sidecars: list[str], samples: int) -> ShardInfo:
+    """Rename a closed shard written at ``tmp`` (and its sidecars) to ``final`` and return
+    its manifest entry. Sidecars go first: a shard in place is a complete shard."""
+    for suffix in sidecars:
+        os.replace(str(tmp) + suffix, str(final) + suffix)
+    os.replace(tmp, final)
+    return ShardInfo(
+        path=final.name,
+        samples=samples,
+        bytes=final.stat().st_size,
+        sha256=file_sha256(final),
+        sidecars={suffix: file_sha256(Path(str(final) + suffix)) for suffix in sidecars},
+    )
+
+
+def discard_shard(writer: ShardWriter | None, tmp: Path) -> None:
+    """Drop a shard being written at ``tmp``: close what can be closed and delete every
+    file written under that name, so that a full disk gets its space back."""
+    if writer is not None:
+        with contextlib.suppress(Exception):
+            writer.close()
+    for path in tmp.parent.glob(glob.escape(tmp.name) + "*"):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 class ShardedOutput:
@@ -110,15 +146,7 @@ class ShardedOutput:
         """Drop the shard being written (after an error or an interrupt): close what can be
         closed and delete its temporary files, so that a full disk gets its space back."""
         writer, self._writer = self._writer, None
-        if writer is not None:
-            with contextlib.suppress(Exception):
-                writer.close()
-        tmp_name = self._tmp_path().name
-        for path in self.dst.glob(glob.escape(tmp_name) + "*"):
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+        discard_shard(writer, self._tmp_path())
 
     def _full(self, next_bytes: int) -> bool:
         if self.max_samples is not None and self._samples >= self.max_samples:
@@ -133,16 +161,7 @@ class ShardedOutput:
         tmp = self._tmp_path()
         sidecars = writer.close() if writer is not None else []
         final = self.dst / spec.shard_name(self.fmt, len(self.shards))
-        for suffix in sidecars:  # sidecars first: a shard in place is a complete shard
-            os.replace(str(tmp) + suffix, str(final) + suffix)
-        os.replace(tmp, final)
-        info = ShardInfo(
-            path=final.name,
-            samples=self._samples,
-            bytes=final.stat().st_size,
-            sha256=file_sha256(final),
-            sidecars={suffix: file_sha256(Path(str(final) + suffix)) for suffix in sidecars},
-        )
+        info = place_shard(tmp, final, sidecars, self._samples)
         self.shards.append(info)
         self._samples, self._bytes = 0, 0
         return info

@@ -1,0 +1,206 @@
+"""Conversion on Ray (``--executor ray``) against the local executor, on a real local Ray
+instance (one for the module: it takes seconds to start on two cores).
+
+Every format gives the dataset the local executor gives (content checksum, and the samples
+read back: pixels, labels, source paths), hdf5 and lmdb in several files; bad images follow
+``--on-error``; a killed worker's task is run again by Ray; a driver killed mid-run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import readers
+from convert import ConvertOptions, convert_folder
+from convert.pipeline import RAY_HINT, BadInputError
+from readers import spec
+from tests.conftest import SAMPLE_DATA
+from tests.photos import photo_folder
+
+ray = pytest.importorskip("ray")
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARD = 8  # sample_data's 32 images in 4 shards
+OPTIONS = {"encoding": "jpeg", "resize": 80, "exact_resize": True, "shard_size": SHARD}
+BAD = "people/astronaut_01.jpg"  # made bad in a copy of sample_data
+PHOTOS = 480  # the generated source for the kill tests
+PHOTO_OPTIONS = {"encoding": "jpeg", "resize": 128, "shard_size": 10}
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> str:
+    """A local Ray instance for the module; its address, for drivers in subprocesses."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A source slow enough to be caught mid-run: 480 photos in 3 classes."""
+    return photo_folder(tmp_path_factory.mktemp("ray-photos"), PHOTOS, 240, 320)
+
+
+def convert(src: Path, dst: Path, executor: str, **kw) -> Path:
+    fmt = kw.pop("fmt", "wds")
+    options = ConvertOptions(format=fmt, **kw.pop("options", OPTIONS))
+    convert_folder(src, dst, options, workers=2, progress=False, executor=executor, **kw)
+    return dst
+
+
+def manifest(dst: Path) -> dict:
+    return json.loads((dst / spec.MANIFEST_NAME).read_text(encoding="utf-8"))
+
+
+def read_back(dst: Path) -> list[tuple[torch.Tensor, int, str]]:
+    ds = readers.open_dataset(dst)
+    return [(ds[i][0], ds.targets[i], ds.source_path(i)) for i in range(len(ds))]
+
+
+def with_bad_image(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    shutil.copytree(SAMPLE_DATA, src)
+    (src / BAD).write_bytes(b"\xff\xd8\xff\xe0 not a JPEG")
+    return src
+
+
+@pytest.mark.parametrize("fmt", spec.FORMATS)
+def test_ray_writes_the_local_dataset(ray_address: str, tmp_path: Path, fmt: str) -> None:
+    local = convert(SAMPLE_DATA, tmp_path / "local", "local", fmt=fmt)
+    on_ray = convert(SAMPLE_DATA, tmp_path / "ray", "ray", fmt=fmt)
+    assert manifest(on_ray)["content_sha256"] == manifest(local)["content_sha256"]
+    assert len(manifest(on_ray)["shards"]) == 4  # hdf5 and lmdb too: one file per shard
+    ours, theirs = read_back(on_ray), read_back(local)
+    assert [s[1:] for s in ours] == [s[1:] for s in theirs]
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(ours, theirs, strict=True))
+
+
+def test_ray_skips_bad_images_as_local(ray_address: str, tmp_path: Path) -> None:
+    src = with_bad_image(tmp_path)
+    local = convert(src, tmp_path / "local", "local")
+    on_ray = convert(src, tmp_path / "ray", "ray")
+    assert manifest(on_ray)["content_sha256"] == manifest(local)["content_sha256"]
+    assert manifest(on_ray)["skipped"] == manifest(local)["skipped"] == 1
+    errors = "errors.jsonl"
+    assert (on_ray / errors).read_text() == (local / errors).read_text()
+
+
+def test_ray_stops_at_bad_image_and_resumes(ray_address: str, tmp_path: Path) -> None:
+    src = with_bad_image(tmp_path)
+    messages = []
+    for executor in ("local", "ray"):
+        with pytest.raises(BadInputError) as stopped:
+            convert(src, tmp_path / executor, executor, on_error="fail")
+        messages.append(str(stopped.value))
+        assert not (tmp_path / executor / spec.MANIFEST_NAME).exists()
+    assert messages[1] == messages[0]
+    assert BAD in messages[0] and "--resume" in messages[0]
+    shutil.copy(SAMPLE_DATA / BAD, src / BAD)  # fixed
+    convert(src, tmp_path / "ray", "ray", on_error="fail", resume=True)
+    reference = convert(SAMPLE_DATA, tmp_path / "reference", "local")
+    assert manifest(tmp_path / "ray")["content_sha256"] == manifest(reference)["content_sha256"]
+
+
+def test_ray_refuses_shard_bytes(ray_address: str, tmp_path: Path) -> None:
+    options = {**OPTIONS, "shard_bytes": 1 << 20}
+    with pytest.raises(ValueError, match=r"--shard-bytes.*--shard-size"):
+        convert(SAMPLE_DATA, tmp_path / "dst", "ray", options=options)
+    assert not (tmp_path / "dst").exists()
+
+
+def ray_workers_running(task: str) -> list[int]:
+    """Pids of Ray workers running ``task`` now (Ray titles them ``ray::<task>``)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(
+                f"ray::{task}".encode()
+            ):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_ray_reruns_the_task_of_a_killed_worker(
+    ray_address: str, photos: Path, tmp_path: Path
+) -> None:
+    killed: list[int] = []
+    done = threading.Event()
+
+    def kill_one_preparing() -> None:
+        while not done.is_set() and not killed:
+            for pid in ray_workers_running("_prepare")[:1]:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.002)
+
+    killer = threading.Thread(target=kill_one_preparing)
+    killer.start()
+    try:
+        on_ray = convert(photos, tmp_path / "ray", "ray", options=PHOTO_OPTIONS)
+    finally:
+        done.set()
+        killer.join()
+    assert killed, "no preparation task was caught running"
+    local = convert(photos, tmp_path / "local", "local", options=PHOTO_OPTIONS)
+    assert manifest(on_ray)["content_sha256"] == manifest(local)["content_sha256"]
+
+
+def journaled(dst: Path) -> int:
+    try:
+        return len((dst / spec.JOURNAL_NAME).read_text(encoding="utf-8").splitlines()) - 1
+    except FileNotFoundError:
+        return 0
+
+
+def test_ray_driver_killed_mid_run_resumes(ray_address: str, photos: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "ray"
+    args = ["--format", "wds", "--encoding", "jpeg", "--resize", "128", "--shard-size", "10"]
+    args += ["--executor", "ray", "--ray-address", ray_address, "--no-progress"]
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "convert.cli", "convert", str(photos), str(dst), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while journaled(dst) < 3:
+        assert driver.poll() is None, driver.communicate()
+        assert time.monotonic() < deadline, "the driver made no progress"
+        time.sleep(0.002)
+    driver.kill()
+    driver.communicate()
+    assert not (dst / spec.MANIFEST_NAME).exists(), "the run ended before the kill"
+
+    options = ConvertOptions(format="wds", **PHOTO_OPTIONS)
+    result = convert_folder(photos, dst, options, resume=True, progress=False, executor="ray")
+    assert result.resumed >= 30  # the journaled shards were kept
+    local = convert(photos, tmp_path / "local", "local", options=PHOTO_OPTIONS)
+    assert manifest(dst)["content_sha256"] == manifest(local)["content_sha256"]
+
+
+def test_ray_missing_says_how_to_install(tmp_path: Path) -> None:
+    hide_ray = "import sys; sys.modules['ray'] = None; from convert.cli import main; main()"
+    args = [str(SAMPLE_DATA), str(tmp_path / "dst"), "--format", "pt", "--executor", "ray"]
+    done = subprocess.run(
+        [sys.executable, "-c", hide_ray, "convert", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert RAY_HINT in done.stderr
+    assert not (tmp_path / "dst").exists()
