@@ -5,7 +5,9 @@ key ``SAMPLE_KEY`` (10 ASCII digits, so key order is index order) per sample who
 is the stored bytes (encoded image, or raw HWC pixels); metadata keys ``__labels__``
 (int64 little-endian), ``__shapes__`` (int64 ``[N, 3]``, raw pixels of varying shape) and
 ``__paths__`` (JSON list; ASCII with ``\\u`` escapes, so that a name that is not valid UTF-8
-keeps its bytes as surrogate escapes). Opened read-only without locking once per process.
+keeps its bytes as surrogate escapes). Opened read-only without locking once per process;
+the labels (and shapes) are NumPy arrays, the paths are read on first use into a
+:class:`readers.paths.PathTable`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from readers import spec
 from readers.base import ImageDataset
+from readers.paths import PathTable
 from readers.spec import DatasetError, Layout, StorageKind
 
 __all__ = ["LmdbDataset"]
@@ -67,7 +70,7 @@ class LmdbShard:
         self._shape = layout.shape
         if layout.kind is StorageKind.VARIABLE_PIXELS:
             self._shapes = np.frombuffer(self._get(spec.LMDB_SHAPES), dtype="<i8").reshape(-1, 3)
-        self._paths: list[str] | None = None
+        self._paths: PathTable | None = None
 
     def _get(self, key: bytes) -> bytes:
         try:
@@ -102,8 +105,8 @@ class LmdbShard:
         if self._paths is None:
             value = self._get(spec.LMDB_PATHS)
             try:
-                self._paths = json.loads(value)
-            except ValueError as e:  # not JSON, or not UTF-8
+                self._paths = PathTable(json.loads(value))
+            except (ValueError, AttributeError) as e:  # not JSON, UTF-8, or a list of str
                 raise DatasetError(f"{self._path}: invalid {spec.LMDB_PATHS.decode()}: {e}") from e
         return self._paths[i]
 

@@ -24,6 +24,8 @@ from readers.plan import (
 
 __all__ = ["EpochSampler"]
 
+_CHUNK = 1 << 16  # indices turned into Python ints at a time (a list of all: 36 B each)
+
 
 class EpochSampler(EpochSource, Sampler[int]):
     """Indices of this rank's share of each epoch, resumable from :meth:`state_dict`.
@@ -85,9 +87,10 @@ class EpochSampler(EpochSource, Sampler[int]):
         order = self._permutation(state.epoch)
         mine = positions(wrapped(split.rank_ranges(self.rank), self.num_samples))
         indices = order[mine] if order is not None else mine
-        for index in indices.tolist():
-            self._yielded += 1
-            yield index
+        for start in range(0, len(indices), _CHUNK):  # ints a chunk at a time, not a list
+            for index in indices[start : start + _CHUNK].tolist():
+                self._yielded += 1
+                yield index
         # the whole epoch is out: a state taken now starts the next one
         self._state = EpochState.start(state.epoch + 1, self.seed, self.num_samples)
         self._yielded = 0

@@ -1,18 +1,20 @@
 """Writer for ``lmdb`` files (layout: ``readers/lmdb.py``, names: ``readers.spec``).
 
 The map size starts small and doubles whenever the next transaction might not fit, so
-there is no terabyte-sized guess that some filesystems refuse, and no MapFullError.
+there is no terabyte-sized guess that some filesystems refuse, and no MapFullError. The
+metadata values (labels, paths, shapes) are spooled as samples arrive and read back once at
+close: the writer holds at most one transaction's samples, whatever the file's size.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import lmdb
 import numpy as np
 
 from convert.writers.base import Layout, Record
+from convert.writers.spool import JsonList, Spool
 from readers import spec
 from readers.spec import StorageKind
 
@@ -38,20 +40,24 @@ class LmdbWriter:
             sync=False,
             map_async=True,
         )
-        self.pending: list[tuple[bytes, bytes]] = []
+        self.pending: list[tuple[bytes, bytes | bytearray]] = []
         self.pending_bytes = 0
         self.stored_bytes = 0
-        self.labels: list[int] = []
-        self.paths: list[str] = []
-        self.shapes: list[tuple[int, ...]] = []
+        self.n = 0
+        self.labels = Spool(path)  # int64 little-endian
+        # ASCII JSON (json.dumps' separators): \u escapes carry any name, even one that is
+        # not valid UTF-8
+        self.paths = JsonList(path, separator=", ")
+        self.shapes = Spool(path)  # int64 [N, 3], raw pixels of varying shape
 
     def add(self, record: Record) -> None:
         data = record.data
         if isinstance(data, np.ndarray):
-            self.shapes.append(data.shape)
+            self.shapes.write(np.array(data.shape, dtype="<i8").tobytes())
             data = data.tobytes()
-        key = spec.SAMPLE_KEY.format(len(self.labels)).encode()
-        self.labels.append(record.label)
+        key = spec.SAMPLE_KEY.format(self.n).encode()
+        self.n += 1
+        self.labels.write(np.array(record.label, dtype="<i8").tobytes())
         self.paths.append(record.path)
         self.pending.append((key, data))
         self.pending_bytes += len(data)
@@ -77,17 +83,20 @@ class LmdbWriter:
         self.pending, self.pending_bytes = [], 0
 
     def close(self) -> list[str]:
-        meta = [
-            (spec.LMDB_LABELS, np.asarray(self.labels, dtype="<i8").tobytes()),
-            # ASCII JSON: \u escapes carry any name, even one that is not valid UTF-8
-            (spec.LMDB_PATHS, json.dumps(self.paths).encode("ascii")),
-        ]
-        if self.layout.kind is StorageKind.VARIABLE_PIXELS:
-            meta.append((spec.LMDB_SHAPES, np.asarray(self.shapes, dtype="<i8").tobytes()))
-        for key, value in meta:
-            self.pending.append((key, value))
-            self.pending_bytes += len(value)
-        self._commit()
-        self.env.sync(True)
-        self.env.close()
+        try:
+            meta: list[tuple[bytes, bytes | bytearray]] = [
+                (spec.LMDB_LABELS, self.labels.read()),
+                (spec.LMDB_PATHS, self.paths.dumps()),
+            ]
+            if self.layout.kind is StorageKind.VARIABLE_PIXELS:
+                meta.append((spec.LMDB_SHAPES, self.shapes.read()))
+            for key, value in meta:
+                self.pending.append((key, value))
+                self.pending_bytes += len(value)
+            self._commit()
+            self.env.sync(True)
+        finally:
+            self.env.close()
+            for spool in (self.labels, self.paths, self.shapes):
+                spool.close()
         return []

@@ -1,20 +1,23 @@
 """Writer for ``wds`` tar shards (layout: ``readers/wds.py``, names: ``readers.spec``).
 
-Tars are written with the standard library in USTAR format with fixed owner, mode and
-mtime, so the same samples give byte-identical tars; the data offset of each image member
-is recorded as it is written, and saved beside the tar as its random-access index.
+Tars are written in USTAR format with the standard library's headers (``TarInfo.tobuf``)
+and fixed owner, mode and mtime, so the same samples give byte-identical tars. The headers
+are written here rather than by ``TarFile``, which keeps every member's ``TarInfo`` until it
+closes (three per sample). The data offset of each image member is recorded as it is
+written, in spooled JSON columns, and saved beside the tar as its random-access index: the
+writer's memory does not grow with the shard.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 from pathlib import Path
 
 import numpy as np
 
 from convert.writers.base import Layout, Record
+from convert.writers.spool import JsonList
 from readers import spec
 
 __all__ = ["WdsWriter"]
@@ -27,24 +30,28 @@ def _npy_bytes(pixels: np.ndarray) -> bytes:
 
 
 class WdsWriter:
-    """Writes one WebDataset tar and collects its index."""
+    """Writes one WebDataset tar and spools its index."""
 
     def __init__(self, path: Path, layout: Layout) -> None:
         self.path = path
-        self.tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
-        self.index: dict[str, list] = {
-            k: [] for k in ("offsets", "sizes", "exts", "labels", "paths")
-        }
+        self.tar = open(path, "wb")  # noqa: SIM115 (closed in close)
+        self.offset = 0
+        self.index = {k: JsonList(path) for k in ("offsets", "sizes", "exts", "labels", "paths")}
 
     def _member(self, name: str, data: bytes) -> int:
-        """Append one member; return the offset of its data in the tar."""
+        """Append one member (what ``TarFile.addfile`` writes); return the offset of its
+        data in the tar."""
         info = tarfile.TarInfo(name)
         info.size = len(data)
         info.mode = 0o444
         info.mtime = 0
-        # Member names are a 10-digit key and an extension: one USTAR header block each.
-        data_offset = self.tar.offset + tarfile.BLOCKSIZE
-        self.tar.addfile(info, io.BytesIO(data))
+        header = info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+        padding = -len(data) % tarfile.BLOCKSIZE
+        self.tar.write(header)
+        self.tar.write(data)
+        self.tar.write(tarfile.NUL * padding)
+        data_offset = self.offset + len(header)
+        self.offset = data_offset + len(data) + padding
         return data_offset
 
     def add(self, record: Record) -> None:
@@ -59,15 +66,30 @@ class WdsWriter:
         # A name that is not valid UTF-8 keeps its bytes (str with surrogate escapes).
         path = record.path.encode("utf-8", "surrogateescape")
         self._member(f"{record.key}.{spec.WDS_PATH_EXT}", path)
-        self.index["offsets"].append(offset)
-        self.index["sizes"].append(len(data))
-        self.index["exts"].append(ext)
-        self.index["labels"].append(record.label)
-        self.index["paths"].append(record.path)
+        entry = {
+            "offsets": offset,
+            "sizes": len(data),
+            "exts": ext,
+            "labels": record.label,
+            "paths": record.path,
+        }
+        for name, value in entry.items():
+            self.index[name].append(value)
 
     def close(self) -> list[str]:
-        self.tar.close()
-        index_path = str(self.path) + spec.WDS_INDEX_SUFFIX
-        with open(index_path, "w", encoding="ascii") as f:  # \u escapes carry any path
-            json.dump(self.index, f, separators=(",", ":"))
+        try:
+            # The end of an archive, as TarFile.close writes it: two zero blocks, then zeros
+            # up to a whole record.
+            end = self.offset + 2 * tarfile.BLOCKSIZE
+            self.tar.write(tarfile.NUL * (2 * tarfile.BLOCKSIZE + -end % tarfile.RECORDSIZE))
+            with open(str(self.path) + spec.WDS_INDEX_SUFFIX, "wb") as f:
+                for k, (name, column) in enumerate(self.index.items()):
+                    f.write(b'{"' if k == 0 else b',"')
+                    f.write(name.encode("ascii") + b'":')
+                    column.dump(f)
+                f.write(b"}")
+        finally:
+            for column in self.index.values():
+                column.close()
+            self.tar.close()
         return [spec.WDS_INDEX_SUFFIX]

@@ -1,0 +1,138 @@
+"""Memory that does not grow with the data: a conversion's main process holds no shard, a
+reading process holds no Python object per sample, and the streamed ``pt`` shard is still
+exactly what ``torch.save`` writes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import readers
+from convert import ConvertOptions, convert_folder
+from convert.writers import Layout, Record
+from convert.writers.pt import PtWriter
+from readers import spec
+from tests.conftest import ROOT
+from tests.photos import encode, photo_crop
+
+# Peak RSS (KiB) of a conversion run in a fresh process, as a user's `imgpack convert` is:
+# VmHWM, since ru_maxrss also counts the RSS of the process that forked it (pytest).
+_PEAK_RSS = """
+import sys
+from convert import ConvertOptions, convert_folder
+options = ConvertOptions(format=sys.argv[3], encoding="raw")
+convert_folder(sys.argv[1], sys.argv[2], options, workers=1, progress=False)
+with open("/proc/self/status") as f:
+    print(next(line.split()[1] for line in f if line.startswith("VmHWM:")))
+"""
+
+
+def make_folder(root: Path, count: int, size: int) -> Path:
+    """``count`` JPEGs of ``size``x``size`` real-photo crops in two class folders."""
+    for i in range(count):
+        folder = root / f"class{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"img{i:05d}.jpg").write_bytes(encode(photo_crop(size, size, seed=i)))
+    return root
+
+
+def peak_rss_mib(src: Path, dst: Path, fmt: str) -> float:
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, str(src), str(dst), fmt],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout.split()[-1]) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads Linux's VmHWM")
+@pytest.mark.parametrize("fmt", ["pt", "wds", "hdf5"])
+def test_conversion_peak_rss_does_not_grow_with_the_shard(tmp_path, fmt: str) -> None:
+    # 128x128 raw samples are 48 KiB: 300 of them make a 14 MiB shard, 1200 a 56 MiB one.
+    # A writer that holds its shard (the pt writer did, twice) grows by ~40-90 MiB here.
+    # (lmdb commits every 64 MiB of samples: a constant these sizes would not get past.)
+    small = peak_rss_mib(make_folder(tmp_path / "small", 300, 128), tmp_path / "a", fmt)
+    large = peak_rss_mib(make_folder(tmp_path / "large", 1200, 128), tmp_path / "b", fmt)
+    assert len(readers.open_dataset(tmp_path / "b")) == 1200
+    assert large - small < 20, f"peak RSS {small:.0f} MiB -> {large:.0f} MiB"
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_folder(tmp_path_factory.mktemp("tiny"), 2000, 16)
+
+
+@pytest.mark.parametrize("fmt", spec.FORMATS)
+def test_reader_index_is_arrays_not_python_objects_per_sample(
+    tmp_path, tiny_folder: Path, fmt: str
+) -> None:
+    """What a reading process keeps per sample once every shard is open and its paths were
+    asked for: a few NumPy words and the path's bytes (the wds index as Python lists took
+    ~224 bytes)."""
+    shard_size = None if fmt in ("hdf5", "lmdb") else 500
+    options = ConvertOptions(format=fmt, encoding="raw", shard_size=shard_size)
+    convert_folder(tiny_folder, tmp_path / "ds", options, workers=2, progress=False)
+    ds = readers.open_dataset(tmp_path / "ds")
+    starts = [0, *np.cumsum([s.samples for s in ds.manifest.shards])[:-1].tolist()]
+    path_bytes = sum(len(ds.source_path(i)) for i in range(len(ds)))
+    ds = readers.open_dataset(tmp_path / "ds")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for start in starts:  # opens every shard and reads its paths in
+            ds.source_path(start)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    per_sample = (held - path_bytes) / len(ds)
+    assert per_sample < 48, f"{fmt}: {per_sample:.0f} bytes per sample beyond the paths"
+
+
+@pytest.mark.parametrize(("encoding", "shape"), [("raw", (6, 5, 3)), ("raw", None), ("jpeg", None)])
+def test_streamed_pt_shard_is_what_torch_save_writes(tmp_path, encoding: str, shape) -> None:
+    rng = np.random.default_rng(0)
+    records = []
+    for i in range(50):
+        if encoding == "jpeg":
+            data: bytes | np.ndarray = rng.bytes(int(rng.integers(1, 400)))
+        else:
+            data = rng.integers(0, 256, shape or (*rng.integers(1, 9, 2), 3), dtype=np.uint8)
+        path = f"class{i % 3}/img-é{i}\udcff.jpg"  # not UTF-8: kept as its bytes
+        records.append(Record(f"{i:010d}", data, "jpg", int(rng.integers(-1, 3)), path))
+    (tmp_path / "mine").mkdir()
+    writer = PtWriter(tmp_path / "mine" / "shard.pt", Layout(encoding, shape, ("a", "b")))
+    for record in records:
+        writer.add(record)
+    writer.close()
+
+    def concat(chunks: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
+        offsets = np.concatenate([[0], np.cumsum([len(c) for c in chunks])]).astype(np.int64)
+        return torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8), torch.from_numpy(
+            offsets
+        )
+
+    expected = {spec.PT_LABELS: torch.tensor([r.label for r in records])}
+    expected[spec.PT_PATHS], expected[spec.PT_PATH_OFFSETS] = concat(
+        [r.path.encode("utf-8", "surrogateescape") for r in records]
+    )
+    if shape is not None:
+        expected[spec.PT_IMAGES] = torch.from_numpy(np.stack([r.data for r in records]))
+    else:
+        if encoding == "raw":
+            expected[spec.PT_SHAPES] = torch.tensor([r.data.shape for r in records])
+        expected[spec.PT_DATA], expected[spec.PT_OFFSETS] = concat(
+            [r.data.tobytes() if isinstance(r.data, np.ndarray) else r.data for r in records]
+        )
+    (tmp_path / "torch").mkdir()
+    torch.save(expected, tmp_path / "torch" / "shard.pt")
+    assert (tmp_path / "mine" / "shard.pt").read_bytes() == (
+        tmp_path / "torch" / "shard.pt"
+    ).read_bytes()
