@@ -57,7 +57,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 @main.command()
 @click.argument("src", type=click.Path(path_type=Path))
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("dst")
 @click.option(
     "--format",
     "fmt",
@@ -210,6 +210,13 @@ def _interrupt(signum: int, frame: object) -> None:
     help="Replace an imgpack dataset at DST (only files imgpack wrote are deleted).",
 )
 @click.option(
+    "--staging",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="For a DST URL: the local folder each shard is written to before its upload "
+    "(about one shard's space; it holds the journal --resume needs) [default: "
+    "~/.cache/imgpack/staging/<hash of DST>].",
+)
+@click.option(
     "--progress/--no-progress",
     default=None,
     help="Progress bar [default: on when stderr is a terminal].",
@@ -218,7 +225,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def convert(
     ctx: click.Context,
     src: Path,
-    dst: Path,
+    dst: str,
     fmt: str,
     encoding: str,
     resize: int | None,
@@ -242,9 +249,14 @@ def convert(
     on_error: str,
     resume: bool,
     overwrite: bool,
+    staging: Path | None,
     progress: bool | None,
 ) -> None:
     """Convert SRC, an image folder with one sub-folder per class, into DST.
+
+    DST is a folder, or a URL such as s3://bucket/prefix (fsspec; credentials from the
+    usual chain: AWS_* variables including AWS_ENDPOINT_URL, ~/.aws, instance roles).
+    Each shard is then staged locally and uploaded when complete, the manifest last.
 
     Labels follow torchvision's ImageFolder: classes are the sorted sub-folder names.
     Files that cannot be decoded are skipped, counted, and listed in DST/errors.jsonl
@@ -290,6 +302,7 @@ def convert(
             progress=progress,
             executor=executor,
             ray_address=ray_address,
+            staging=staging,
         )
     except (ValueError, OSError) as e:
         fail(ctx, e)
@@ -304,7 +317,7 @@ def convert(
         signal.signal(signal.SIGTERM, previous)
     click.echo(result.summary())
     if result.skipped:
-        click.echo(f"{result.skipped} file(s) skipped: see {dst / 'errors.jsonl'}", err=True)
+        click.echo(f"{result.skipped} file(s) skipped: see {dst}/errors.jsonl", err=True)
 
 
 def _class_list(classes_file: Path | None, classes_from: Path | None) -> tuple[str, ...] | None:
@@ -328,7 +341,7 @@ def describe(manifest: spec.Manifest) -> str:
     shape = "variable" if manifest.shape is None else "x".join(map(str, manifest.shape))
     total_bytes = sum(s.bytes for s in manifest.shards)
     lines = [
-        f"dataset    {manifest.root}",
+        f"dataset    {manifest.url or manifest.root}",
         f"format     {m.format} (format version {m.format_version}, "
         f"imgpack {m.imgpack_version or '?'})",
         f"encoding   {m.encoding}, images {shape} {m.dtype}",
@@ -347,20 +360,21 @@ def describe(manifest: spec.Manifest) -> str:
 
 
 @main.command()
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("dst")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest itself.")
 @click.pass_context
-def info(ctx: click.Context, dst: Path, as_json: bool) -> None:
-    """Show what the imgpack dataset at DST holds: format, samples per class, shards."""
+def info(ctx: click.Context, dst: str, as_json: bool) -> None:
+    """Show what the imgpack dataset at DST (a folder or a URL) holds: format, samples
+    per class, shards."""
     try:
         manifest = load_manifest(dst)
-    except DatasetError as e:
+    except (DatasetError, ValueError, OSError) as e:
         fail(ctx, e)
     click.echo(json.dumps(manifest.to_json(), indent=1) if as_json else describe(manifest))
 
 
 @main.command()
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("dst")
 @click.option(
     "--deep",
     is_flag=True,
@@ -372,9 +386,10 @@ def info(ctx: click.Context, dst: Path, as_json: bool) -> None:
     default=None,
     help="Progress bar for --deep [default: on when stderr is a terminal].",
 )
-def verify(dst: Path, deep: bool, progress: bool | None) -> None:
+def verify(dst: str, deep: bool, progress: bool | None) -> None:
     """Check that the dataset at DST is intact: the manifest, each shard's size and
-    SHA-256, sample counts and labels; with --deep, every sample too.
+    SHA-256, sample counts and labels; with --deep, every sample too. For a URL, each
+    shard is downloaded into the reader cache (~/.cache/imgpack) to be checked.
 
     Prints one line per problem (file or file[index], and what is wrong) and exits
     with status 1 if there is any, 0 if the dataset is exactly what its manifest says.

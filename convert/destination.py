@@ -33,6 +33,7 @@ __all__ = [
     "delete_written",
     "write_errors",
     "write_manifest",
+    "written_by_imgpack",
 ]
 
 ERRORS_NAME = "errors.jsonl"
@@ -108,8 +109,8 @@ def _read_pid(fd: int) -> int | None:
 
 
 # --- claiming the folder and choosing what to keep ---------------------------------------
-def _written_by_imgpack(path: Path) -> bool:
-    name = path.name
+def written_by_imgpack(name: str) -> bool:
+    """True for the names a conversion writes in its DST (and may delete there)."""
     return name in (spec.MANIFEST_NAME, ERRORS_NAME, spec.LOCK_NAME, spec.JOURNAL_NAME) or (
         name.startswith((spec.SHARD_PREFIX, spec.TMP_PREFIX))
     )
@@ -118,7 +119,7 @@ def _written_by_imgpack(path: Path) -> bool:
 def delete_written(dst: Path, keep: set[str]) -> None:
     """Delete what imgpack wrote in ``dst``, except the names in ``keep``."""
     for path in dst.iterdir():
-        if path.name in keep or not _written_by_imgpack(path):
+        if path.name in keep or not written_by_imgpack(path.name):
             continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -137,7 +138,7 @@ def claim_destination(dst: Path, overwrite: bool, resume: bool) -> DestinationLo
     if (dst / spec.LOCK_NAME).exists():
         lock.acquire()  # raises DestinationBusy while another run holds it
     try:
-        foreign = sorted(p.name for p in existing if not _written_by_imgpack(p))
+        foreign = sorted(p.name for p in existing if not written_by_imgpack(p.name))
         if existing and not (overwrite or resume):
             what = (
                 "an interrupted conversion"

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,11 +154,15 @@ class Journal:
 
 
 def resumable_entries(
-    dst: Path, options: dict[str, Any], samples: Sequence[Sample]
+    dst: Path,
+    options: dict[str, Any],
+    samples: Sequence[Sample],
+    verifies: Callable[[ShardEntry], bool] | None = None,
 ) -> list[ShardEntry]:
     """The completed shards of an interrupted run into ``dst`` that this run can keep: in
-    order, as long as each still verifies and the source files up to its end (paths and
-    labels; a file removed after the bad one that stopped the run is fine) are unchanged."""
+    order, as long as each still verifies (``verifies``; by default its files in ``dst``)
+    and the source files up to its end (paths and labels; a file removed after the bad one
+    that stopped the run is fine) are unchanged."""
     journal = Journal(dst)
     if not journal.path.exists():
         return []
@@ -172,14 +176,14 @@ def resumable_entries(
         if entry.end > len(samples) or source.hexdigest() != entry.source:
             log.warning("source files before %s changed: redoing from there", entry.shard.path)
             break
-        if not entry.verifies(dst):
+        if not (verifies(entry) if verifies else entry.verifies(dst)):
             log.warning("%s does not verify: redoing from there", entry.shard.path)
             break
         kept.append(entry)
     return kept
 
 
-def same_options(path: Path, recorded: dict[str, Any], options: dict[str, Any]) -> None:
+def same_options(path: str | Path, recorded: dict[str, Any], options: dict[str, Any]) -> None:
     """Refuse to resume (or to call complete) a run with other options, naming each."""
     changed = [
         f"{k.replace('_', '-')} {recorded.get(k)!r} -> {options.get(k)!r}"
@@ -222,8 +226,15 @@ class Ledger:
     digest of the sample list that each journal entry records, and the tally of the shard
     being written. The conversion loop reports to it; it writes the journal."""
 
-    def __init__(self, journal: Journal, kept: list[ShardEntry], samples: list[Sample]) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        kept: list[ShardEntry],
+        samples: list[Sample],
+        publish: Callable[[spec.ShardInfo], None] | None = None,
+    ) -> None:
         self.journal = journal
+        self.publish = publish  # where a completed shard goes before it is journaled
         self.entries = list(kept)
         self.start = kept[-1].end if kept else 0  # the position where this run starts
         self.kept_samples = sum(e.shard.samples for e in kept)
@@ -243,7 +254,10 @@ class Ledger:
         self._tally.written(record, shape)
 
     def completed(self, shard: spec.ShardInfo, end: int) -> None:
-        """``shard`` is in place and ends before position ``end``: journal it."""
+        """``shard`` is in place and ends before position ``end``: publish it (an upload,
+        for a remote DST), then journal it."""
+        if self.publish is not None:
+            self.publish(shard)
         entry = self._tally.entry(shard, end, self._source.hexdigest())
         self.entries.append(entry)
         self.journal.append(entry)

@@ -103,7 +103,7 @@ class ConvertOptions:
 class ConvertResult:
     """The outcome of a conversion, as the summary line and the manifest report it."""
 
-    dst: Path
+    dst: Path | str  # a URL for an object-store DST
     written: int = 0
     skipped: int = 0
     bytes: int = 0

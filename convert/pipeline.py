@@ -46,9 +46,11 @@ from convert.options import (
     default_workers,
 )
 from convert.planned import PlannedLedger, ShardPlan, resumable_planned
+from convert.remote import RemoteDestination
 from convert.scan import Sample, Scan, scan_source
 from convert.writers import WRITERS, Layout, Record, ShardedOutput
 from readers import spec
+from readers.storage import is_url, local_path
 
 __all__ = ["BadInputError", "ConversionInterrupted", "WorkerDiedError", "convert_folder"]
 
@@ -80,10 +82,17 @@ def convert_folder(
     resume: bool = False,
     on_error: str = "skip",
     progress: bool | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    staging: str | os.PathLike[str] | None = None,
     executor: str = "local",
     ray_address: str | None = None,
 ) -> ConvertResult:
     """Convert the ImageNet-layout folder ``src`` into an imgpack dataset at ``dst``.
+
+    ``dst`` may be a URL (``s3://bucket/prefix``): the run stages each shard in
+    ``staging`` (default under ``~/.cache/imgpack/staging``) and uploads it when complete,
+    the manifest last (``convert.remote``); ``storage_options`` go to fsspec.
 
     Args:
         overwrite: replace what an earlier conversion wrote at ``dst``.
@@ -107,8 +116,11 @@ def convert_folder(
     if overwrite and resume:
         raise ValueError("--overwrite and --resume exclude each other: choose one")
     _check_executor(executor, ray_address, options, workers)
-    src, dst = Path(src), Path(dst)
-    _refuse_dst_in_src(src, dst)
+    remote = RemoteDestination(str(dst), storage_options, staging) if is_url(dst) else None
+    src = Path(src)
+    dst = remote.staging if remote is not None else local_path(dst)
+    if remote is None:
+        _refuse_dst_in_src(src, dst)
     workers = workers or default_workers()
     scan = scan_source(
         src,
@@ -135,24 +147,40 @@ def convert_folder(
 
     lock = claim_destination(dst, overwrite, resume)
     try:
-        if resume and (dst / spec.MANIFEST_NAME).is_file():
-            return _already_complete(dst, header)
+        if remote is not None:
+            remote.check(overwrite, resume)
+        complete = remote.is_complete() if remote else (dst / spec.MANIFEST_NAME).is_file()
+        if resume and complete:
+            return _already_complete(dst, header, remote)
+        verifies = remote.verifies if remote else None
         if not resume:
             kept = []
         elif plan is not None:
-            kept = resumable_planned(dst, header, plan)
+            kept = resumable_planned(dst, header, plan, verifies)
         else:
-            kept = resumable_entries(dst, header["options"], samples)
+            kept = resumable_entries(dst, header["options"], samples, verifies)
         journal = Journal(dst)
         delete_written(dst, keep={spec.LOCK_NAME, *_files_of(kept)})
+        if remote is not None:
+            remote.keep_only(set(_files_of(kept)))
         journal.start(header, kept)
         fingerprint = header["source_fingerprint"]
-        job = _Job(src, dst, options, scan, samples, fingerprint, workers, on_error, progress)
+        job = _Job(
+            src, dst, options, scan, samples, fingerprint, workers, on_error, progress, remote
+        )
+        publish = remote.publish if remote else None
         if plan is not None:
-            return _run_on_ray(job, PlannedLedger(journal, plan, kept), ray_address)
-        return _run(job, Ledger(journal, kept, samples))
+            result = _run_on_ray(job, PlannedLedger(journal, plan, kept, publish), ray_address)
+        else:
+            result = _run(job, Ledger(journal, kept, samples, publish))
     finally:
         lock.release()
+        if remote is not None and remote.staging.is_dir() and not any(remote.staging.iterdir()):
+            remote.staging.rmdir()  # refused, or failed before writing anything
+    if remote is not None:
+        shutil.rmtree(remote.staging, ignore_errors=True)  # (after the lock inside it)
+        result.dst = remote.url
+    return result
 
 
 def _check_executor(
@@ -206,6 +234,7 @@ class _Job:
     workers: int
     on_error: str
     progress: bool | None
+    remote: RemoteDestination | None = None  # the bucket folder that ``dst`` stages for
 
 
 def _run(job: _Job, ledger: Ledger) -> ConvertResult:
@@ -237,7 +266,7 @@ def _run_on_ray(job: _Job, ledger: PlannedLedger, ray_address: str | None) -> Co
                     ),
                     ledger,
                     stop_on_error=job.on_error == "fail",
-                    writes_here=False,
+                    writes_here=job.remote is not None,
                     cpus=cpus,
                     bar=bar,
                 )
@@ -279,6 +308,8 @@ def _finish(
             job.workers,
             job.fingerprint,
         )
+        if job.remote is not None:
+            job.remote.finish()  # the errors file and the manifest, last
     except BaseException as e:
         abort()  # frees the space of the shard being written
         done = ledger.entries
@@ -380,17 +411,21 @@ def _refuse_dst_in_src(src: Path, dst: Path) -> None:
         )
 
 
-def _already_complete(dst: Path, header: dict[str, Any]) -> ConvertResult:
+def _already_complete(
+    dst: Path, header: dict[str, Any], remote: RemoteDestination | None
+) -> ConvertResult:
     """The result of a ``--resume`` into a dataset that is complete: nothing to do."""
-    manifest = spec.load_manifest(dst)
-    same_options(dst / spec.MANIFEST_NAME, manifest.options, header["options"])
+    where = remote.url if remote is not None else dst
+    options = remote.folder.storage_options if remote is not None else None
+    manifest = spec.load_manifest(where, storage_options=options)
+    same_options(f"{where}/{spec.MANIFEST_NAME}", manifest.options, header["options"])
     if manifest.source_fingerprint != header["source_fingerprint"]:
         raise ValueError(
-            f"{dst}: already complete, but the source folder's list of images has changed "
+            f"{where}: already complete, but the source folder's list of images has changed "
             "since: pass --overwrite to convert it again"
         )
     return ConvertResult(
-        dst,
+        where,
         written=manifest.num_samples,
         skipped=manifest.skipped or 0,
         bytes=sum(s.bytes for s in manifest.shards),

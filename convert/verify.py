@@ -23,7 +23,7 @@ from tqdm import tqdm
 from convert.options import default_workers
 from convert.writers.base import file_sha256
 from readers import DATASETS, spec
-from readers.base import ShardReader
+from readers.base import ImageDataset, ShardReader
 from readers.decode import decode_image
 
 __all__ = ["Problem", "VerifyReport", "verify_dataset"]
@@ -44,7 +44,7 @@ class Problem:
 class VerifyReport:
     """What ``verify_dataset`` checked and found."""
 
-    root: Path
+    root: str | os.PathLike[str]
     shards: int = 0
     samples: int = 0
     deep: bool = False
@@ -59,16 +59,20 @@ def verify_dataset(
     root: str | os.PathLike[str], deep: bool = False, progress: bool | None = None
 ) -> VerifyReport:
     """Check the dataset at ``root``; every problem found is in the report, none raised."""
-    report = VerifyReport(Path(root), deep=deep)
+    report = VerifyReport(root, deep=deep)
     try:
         manifest = spec.load_manifest(root)
-    except spec.DatasetError as e:
-        report.problems.append(Problem(str(Path(root) / spec.MANIFEST_NAME), str(e)))
+    except (spec.DatasetError, ValueError, OSError) as e:
+        report.problems.append(Problem(f"{root}/{spec.MANIFEST_NAME}", str(e)))
         return report
     report.shards = len(manifest.shards)
     _check_totals(manifest, report)
-    intact = [k for k, info in enumerate(manifest.shards) if _check_files(manifest, k, report)]
     dataset = DATASETS[manifest.format](root)
+    intact = [
+        k
+        for k in range(len(manifest.shards))
+        if _cached(dataset, k, report) and _check_files(manifest, k, report)
+    ]
     per_class: Counter[int] = Counter()
     digests: list[bytes] = []
     bar = tqdm(
@@ -113,15 +117,25 @@ def verify_dataset(
         if deep and spec.content_sha256(digests) != manifest.content_sha256:
             report.problems.append(
                 Problem(
-                    str(manifest.root / spec.MANIFEST_NAME),
+                    f"{manifest.location}/{spec.MANIFEST_NAME}",
                     "content_sha256 does not match the samples read back",
                 )
             )
     return report
 
 
+def _cached(dataset: ImageDataset, k: int, report: VerifyReport) -> bool:
+    """For a remote dataset, shard ``k`` copied into the local cache to be checked there."""
+    try:
+        dataset.cache_shard(k)
+    except (spec.DatasetError, OSError) as e:
+        report.problems.append(Problem(f"{dataset.manifest.location}/shard {k}", str(e)))
+        return False
+    return True
+
+
 def _check_totals(manifest: spec.Manifest, report: VerifyReport) -> None:
-    where = str(manifest.root / spec.MANIFEST_NAME)
+    where = f"{manifest.location}/{spec.MANIFEST_NAME}"
     recorded = manifest.recorded_samples
     if recorded != manifest.num_samples:
         report.problems.append(
@@ -167,7 +181,7 @@ def _check_counts(manifest: spec.Manifest, per_class: Counter[int], report: Veri
         if name in recorded and recorded[name] != per_class[i]:
             report.problems.append(
                 Problem(
-                    str(manifest.root / spec.MANIFEST_NAME),
+                    f"{manifest.location}/{spec.MANIFEST_NAME}",
                     f"class {name!r}: {per_class[i]} samples in the shards, "
                     f"samples_per_class says {recorded[name]}",
                 )

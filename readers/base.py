@@ -13,16 +13,19 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
+from readers.cache import ShardCache
 from readers.crop import Crop
 from readers.decode import decode_image
 from readers.fused import crop_batch
 from readers.spec import DatasetError, Manifest, StorageKind, load_manifest
+from readers.storage import RemoteFolder
 
 __all__ = ["ImageDataset", "SampleBatch", "ShardReader", "collate", "collate_any"]
 
@@ -124,11 +127,26 @@ def _default_decode_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _check_size(path: Path, index: int, expected: int) -> None:
+    """Checked before opening: a format library may mmap the file and die of SIGBUS on a
+    page past a cut (LMDB does), or read the wrong bytes from a resized file."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: shard {index} listed in the manifest is missing") from None
+    if size != expected:
+        raise DatasetError(
+            f"{path}: shard {index} is {size} bytes but the manifest says {expected}: "
+            "truncated or modified since the conversion (run imgpack verify)"
+        )
+
+
 class ImageDataset(Dataset):
     """Map-style dataset over an imgpack folder of one format; subclasses set ``format``.
 
     Args:
-        root: the dataset folder (the one holding ``imgpack.json``).
+        root: the dataset folder (the one holding ``imgpack.json``), or its URL
+            (``s3://bucket/prefix``, anything fsspec reaches; see ``docs/FORMATS.md``).
         transform: applied to each ``[3, H, W]`` uint8 image tensor.
         decode_threads: threads decoding one batch in ``__getitems__``; default all usable
             CPUs in the main process and 1 inside a DataLoader worker.
@@ -140,6 +158,10 @@ class ImageDataset(Dataset):
             inside the decode, straight into the batch (a JPEG decodes scaled down in the
             DCT domain when the crop allows); ``transform`` then sees the cropped image.
             Call :meth:`set_epoch` each epoch for new random crops.
+        storage_options: for a URL, passed to fsspec (credentials, ``endpoint_url``...).
+        cache_dir, cache_limit: where a remote dataset's shards are copied when first
+            opened, and the size that folder is kept under (:mod:`readers.cache`;
+            defaults ``$IMGPACK_CACHE_DIR`` or ``~/.cache/imgpack``, 50 GiB).
 
     Images are ``torch.uint8`` ``[3, H, W]`` RGB views of HWC storage (channels-last
     memory); labels are ``int`` class indices as torchvision's ``ImageFolder`` gives them.
@@ -147,6 +169,7 @@ class ImageDataset(Dataset):
     """
 
     format: ClassVar[str]
+    byte_ranges: bool = False  # a remote dataset read by byte ranges, not cached shards
 
     def __init__(
         self,
@@ -155,10 +178,19 @@ class ImageDataset(Dataset):
         decode_threads: int | None = None,
         decode: bool = True,
         crop: Crop | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         if (transform is not None or crop is not None) and not decode:
             raise ValueError("transform= and crop= need decoded images: keep decode=True")
-        self.manifest: Manifest = load_manifest(root, expect_format=self.format)
+        self.manifest: Manifest = load_manifest(
+            root, self.format, storage_options=storage_options, cache_dir=cache_dir
+        )
+        url = self.manifest.url
+        self._remote = RemoteFolder(url, storage_options) if url is not None else None
+        self._cache = ShardCache(cache_dir, cache_limit)
         self.decode = decode
         self.root = self.manifest.root
         self.transform = transform
@@ -261,32 +293,35 @@ class ImageDataset(Dataset):
         shard = bisect_right(self._ends, position)
         return shard, position - (self._ends[shard - 1] if shard else 0)
 
+    def cache_shard(self, index: int) -> None:
+        """Copy shard ``index`` of a remote dataset (and its sidecars) into the local cache,
+        as its first read does (a no-op for a local dataset): to prefetch, or to check."""
+        if self._remote is None:
+            return
+        info = self.manifest.shards[index]
+        names = {info.path: info.sha256, **{info.path + s: h for s, h in info.sidecars.items()}}
+        try:
+            self._cache.fetch(self._remote, names, {info.path: info.bytes})
+        except FileNotFoundError:
+            raise DatasetError(
+                f"{self.manifest.url}/{info.path}: shard {index} listed in the manifest is missing"
+            ) from None
+
     def _shard(self, index: int) -> ShardReader:
         pid = os.getpid()
         if self._pid != pid:  # first use, or a fork since: never share handles
             self._shards, self._pool, self._pool_threads, self._pid = {}, None, 0, pid
         reader = self._shards.get(index)
         if reader is None:
-            # Checked before opening: a format library may mmap the file and die of SIGBUS on
-            # a page past a cut (LMDB does), or read the wrong bytes from a resized file.
-            path, expected = self.manifest.shard_path(index), self.manifest.shards[index]
-            try:
-                size = path.stat().st_size
-            except FileNotFoundError:
-                raise DatasetError(
-                    f"{path}: shard {index} listed in the manifest is missing"
-                ) from None
-            if size != expected.bytes:
-                raise DatasetError(
-                    f"{path}: shard {index} is {size} bytes but the manifest says "
-                    f"{expected.bytes}: truncated or modified since the conversion "
-                    "(run imgpack verify)"
-                )
+            expected = self.manifest.shards[index]
+            if self._remote is None or not self.byte_ranges:
+                self.cache_shard(index)
+                _check_size(self.manifest.shard_path(index), index, expected.bytes)
             reader = self.open_shard(index)
             if len(reader.labels) != expected.samples:
                 raise DatasetError(
-                    f"{path}: shard {index} holds {len(reader.labels)} samples but the "
-                    f"manifest says {expected.samples}"
+                    f"{self.manifest.location}/{expected.path}: shard {index} holds "
+                    f"{len(reader.labels)} samples but the manifest says {expected.samples}"
                 )
             self._shards[index] = reader
         return reader
@@ -386,6 +421,6 @@ class ImageDataset(Dataset):
     def __repr__(self) -> str:
         m = self.manifest
         return (
-            f"{type(self).__name__}({str(self.root)!r}, samples={len(self)}, "
+            f"{type(self).__name__}({m.url or str(self.root)!r}, samples={len(self)}, "
             f"encoding={m.encoding!r}, classes={len(m.classes)}, shards={len(m.shards)})"
         )

@@ -131,12 +131,15 @@ def make_loader(
     crop: Crop | None = None,
     rank: int | None = None,
     world_size: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     **dataloader_kwargs: Any,
 ) -> Loader:
     """Build a :class:`Loader` for the imgpack dataset at ``path`` (any format).
 
     Args:
-        path: a dataset folder, or a map-style dataset already opened.
+        path: a dataset folder or URL (``s3://bucket/prefix``), or a map-style dataset
+            already opened.
         batch_size: samples per batch on each rank.
         shuffle: a new seeded order every epoch (the same on every rank).
         seed: base of every epoch's order; use the same on every rank.
@@ -156,6 +159,9 @@ def make_loader(
             :class:`readers.RandomResizedCrop` or :class:`readers.CenterCrop`) is done
             inside the decode, with new random crops every epoch.
         rank, world_size: explicit placement, overriding what the process can see.
+        storage_options, cache_dir: for a URL: fsspec's options, and where map-style
+            readers cache the shards they open (:mod:`readers.cache`); the stream reads
+            byte ranges and caches nothing.
         **dataloader_kwargs: anything else ``DataLoader`` takes (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``...);
             ``collate_fn`` defaults to :func:`readers.collate`.
@@ -167,11 +173,12 @@ def make_loader(
     dataloader_kwargs.setdefault("collate_fn", collate if decode else collate_any)
     source: EpochSampler | WdsStream
     if stream:
-        root = path.root if isinstance(path, ImageDataset) else path
-        if load_manifest(root).format != "wds":
+        root = path.manifest.location if isinstance(path, ImageDataset) else path
+        if load_manifest(root, storage_options=storage_options).format != "wds":
             raise ValueError(f"{root}: stream=True reads wds datasets only")
         source = WdsStream(
             root,
+            storage_options=storage_options,
             transform=transform,
             decode=decode,
             crop=crop,
@@ -189,7 +196,13 @@ def make_loader(
             dataset = path
         else:
             dataset = open_dataset(
-                path, transform=transform, decode_threads=decode_threads, decode=decode, crop=crop
+                path,
+                transform=transform,
+                decode_threads=decode_threads,
+                decode=decode,
+                crop=crop,
+                storage_options=storage_options,
+                cache_dir=cache_dir,
             )
         source = sampler = EpochSampler(
             dataset,

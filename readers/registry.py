@@ -25,10 +25,13 @@ DATASETS: dict[str, type[ImageDataset]] = {
 def open_dataset(root: str | os.PathLike[str], **kwargs: Any) -> ImageDataset:
     """Open the imgpack dataset at ``root`` with the map-style reader its manifest names.
 
-    Keyword arguments go to the dataset class (``transform``, ``decode_threads``,
-    ``crop``: :class:`readers.CenterCrop` or :class:`readers.RandomResizedCrop`). For
+    ``root`` may be a URL (``s3://bucket/prefix``). Keyword arguments go to the dataset
+    class (``transform``, ``decode_threads``, ``crop``: :class:`readers.CenterCrop` or
+    :class:`readers.RandomResizedCrop`; ``storage_options``, ``cache_dir``, ``cache_limit``
+    for a URL). For
     streaming reads of ``wds`` tars use :class:`readers.WdsStream`, or
     :func:`readers.make_loader` with ``stream=True``.
     """
-    manifest = load_manifest(root)
+    remote = {k: kwargs[k] for k in ("storage_options", "cache_dir") if k in kwargs}
+    manifest = load_manifest(root, **remote)
     return DATASETS[manifest.format](root, **kwargs)

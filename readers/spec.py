@@ -180,6 +180,7 @@ class Manifest:
     options: dict[str, Any] = field(default_factory=dict)  # of the conversion
     converted_with: dict[str, Any] | None = None
     errors_file: str | None = None
+    url: str | None = None  # read from this URL; ``root`` is then its local cache mirror
 
     @property
     def num_samples(self) -> int:
@@ -191,6 +192,11 @@ class Manifest:
         share one, whatever the encoding; in the layout: fixed raw pixels only)."""
         stored = self.shape if self.encoding == "raw" else None
         return Layout(self.encoding, stored, self.classes, self.options.get("compression"))
+
+    @property
+    def location(self) -> str:
+        """Where the dataset is, for messages: its URL, or its folder."""
+        return self.url or str(self.root)
 
     def shard_path(self, index: int) -> Path:
         return self.root / self.shards[index].path
@@ -220,7 +226,7 @@ class Manifest:
 
     @classmethod
     def from_json(
-        cls, root: Path, raw: Any, expect_format: str | None = None, path: Path | None = None
+        cls, root: Path, raw: Any, expect_format: str | None = None, path: str | None = None
     ) -> Manifest:
         """Validate ``raw`` (the parsed ``imgpack.json`` of the dataset at ``root``);
         DatasetError names the file and the field."""
@@ -247,13 +253,27 @@ def json_text(value: Any, indent: int | None = None) -> str:
     return text + "\n"
 
 
-def load_manifest(root: str | os.PathLike[str], expect_format: str | None = None) -> Manifest:
+def load_manifest(
+    root: str | os.PathLike[str],
+    expect_format: str | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Manifest:
     """Read and validate ``root/imgpack.json``; raise DatasetError naming the file if bad.
 
     A relative ``root`` is made absolute here, so the dataset keeps working after
     ``os.chdir`` (Hydra changes the directory of each run); a path to the manifest itself
-    stands for its folder."""
-    root = Path(root).absolute()
+    stands for its folder. A URL (``s3://...``) is read through fsspec with
+    ``storage_options``; the manifest's ``root`` is then the folder of ``cache_dir`` where
+    readers keep their copies of its shards (:mod:`readers.cache`)."""
+    from readers.storage import is_url, local_path  # (they import this module)
+
+    if is_url(root):
+        from readers.cache import load_remote_manifest
+
+        return load_remote_manifest(str(root), expect_format, storage_options, cache_dir)
+    root = local_path(root).absolute()
     if root.name == MANIFEST_NAME and root.is_file():
         root = root.parent
     path = root / MANIFEST_NAME
@@ -301,7 +321,7 @@ def _conversion_running(root: Path) -> bool:
     return False
 
 
-def _parse_manifest(root: Path, path: Path, raw: Any, expect_format: str | None) -> Manifest:
+def _parse_manifest(root: Path, path: str | Path, raw: Any, expect_format: str | None) -> Manifest:
     def bad(why: str) -> DatasetError:
         return DatasetError(f"{path}: {why}")
 

@@ -15,6 +15,7 @@ ever guesses its rank.
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from collections.abc import Iterator
@@ -53,7 +54,10 @@ class WdsStream(EpochSource, IterableDataset):
     rank's slice, so a rank's order does not depend on the number of workers.
 
     Args:
-        root: the dataset folder (the one holding ``imgpack.json``).
+        root: the dataset folder (the one holding ``imgpack.json``), or its URL
+            (``s3://bucket/prefix``): remote tars are read by byte ranges, each worker
+            fetching its samples of a window in one round of merged, concurrent requests;
+            no shard is copied whole.
         transform: applied to each ``[3, H, W]`` uint8 image tensor.
         shuffle_buffer: samples per shuffle window; 0 reads in stored order (no shuffle).
         seed: base seed of the shard order and the window permutations (same on all ranks).
@@ -68,6 +72,7 @@ class WdsStream(EpochSource, IterableDataset):
         decode: False yields encoded samples undecoded (see :class:`readers.ImageDataset`).
         crop: a crop done inside the decode (see :class:`readers.ImageDataset`); random
             crops depend on the seed, epoch and sample index only.
+        storage_options: for a URL, passed to fsspec (credentials, ``endpoint_url``...).
 
     Call :meth:`set_epoch` before each epoch (:func:`readers.make_loader` does).
     """
@@ -85,11 +90,18 @@ class WdsStream(EpochSource, IterableDataset):
         world_size: int | None = None,
         decode: bool = True,
         crop: Crop | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, not {shuffle_buffer}")
         self._dataset = WdsDataset(
-            root, transform=transform, decode_threads=1, decode=decode, crop=crop
+            root,
+            transform=transform,
+            decode_threads=1,
+            decode=decode,
+            crop=crop,
+            storage_options=storage_options,
+            byte_ranges=True,
         )
         self.manifest = self._dataset.manifest
         self.transform = transform
@@ -188,20 +200,51 @@ class WdsStream(EpochSource, IterableDataset):
         )
         self._iterating, self._yielded = state, skip
         self._dataset.set_epoch(state.epoch)
-        for lo, hi in mine:
-            for a, b in order.chunks(lo, hi):
-                for item in self._read(order.indices(a, b)):
+        chunks = [chunk for lo, hi in mine for chunk in order.chunks(lo, hi)]
+        for group in self._read_ahead(chunks):
+            parts = [order.indices(a, b) for a, b in group]
+            stored = self._fetch(np.concatenate(parts))
+            for indices in parts:
+                for item in self._decode(indices, stored):
                     self._yielded += 1  # before the yield: a state taken now counts it
                     yield item
 
     # --- internals ----------------------------------------------------------------------
-    def _read(self, indices: np.ndarray) -> Iterator[tuple[Any, int]]:
-        """Samples ``indices`` in that order, read in one ascending pass first."""
+    def _read_ahead(self, chunks: list[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
+        """The chunks read in one go: one at a time from local disk; from object storage,
+        all of this worker's chunks in one shuffle window (at least 1,000 samples), so that
+        one round of merged range requests serves them (see :mod:`readers.storage`)."""
+        if self._dataset._remote is None:
+            yield from ([c] for c in chunks)
+            return
+        span = max(self.shuffle_buffer, 1000)
+        group: list[tuple[int, int]] = []
+        for a, b in chunks:
+            if group and a // span != group[0][0] // span:
+                yield group
+                group = []
+            group.append((a, b))
+        if group:
+            yield group
+
+    def _fetch(self, indices: np.ndarray) -> dict[tuple[int, int], Any]:
+        """The stored values of ``indices``, read shard by shard in ascending order."""
         ds = self._dataset
-        located = [ds._locate(i) for i in indices.tolist()]
-        stored = {sk: ds._shard(sk[0]).read(sk[1]) for sk in sorted(located)}
-        for shard, local in located:
-            value = stored.pop((shard, local))
+        located = sorted(ds._locate(i) for i in indices.tolist())
+        stored: dict[tuple[int, int], Any] = {}
+        for shard, group in itertools.groupby(located, key=lambda sk: sk[0]):
+            local = [k for _, k in group]
+            values = ds._shard(shard).read_many(local)
+            stored.update(zip([(shard, k) for k in local], values, strict=True))
+        return stored
+
+    def _decode(
+        self, indices: np.ndarray, stored: dict[tuple[int, int], Any]
+    ) -> Iterator[tuple[Any, int]]:
+        """Samples ``indices`` in that order, from what :meth:`_fetch` read."""
+        ds = self._dataset
+        for shard, local in map(ds._locate, indices.tolist()):
+            value = stored[shard, local]
             yield ds._decode(value, shard, local), int(ds._shard(shard).labels[local])
 
     def _publish(self) -> None:

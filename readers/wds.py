@@ -29,8 +29,9 @@ from readers import spec
 from readers.base import ImageDataset
 from readers.paths import PathTable
 from readers.spec import DatasetError
+from readers.storage import RemoteFolder
 
-__all__ = ["WdsDataset", "read_index"]
+__all__ = ["RangedWdsShard", "WdsDataset", "parse_index", "read_index"]
 
 _INDEX_COLUMNS = ("offsets", "sizes", "exts", "labels", "paths")
 
@@ -41,15 +42,25 @@ def read_index(tar_path: str, tar_size: int) -> dict[str, list[Any]]:
     objects: keep arrays of them, as :class:`WdsShard` does."""
     path = tar_path + spec.WDS_INDEX_SUFFIX
     try:
-        with open(path, encoding="utf-8") as f:
-            index = json.load(f)
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise DatasetError(f"{path}: missing or invalid tar index: {e}") from e
+    return parse_index(data, path, tar_size)
+
+
+def parse_index(data: bytes, where: str, tar_size: int) -> dict[str, list[Any]]:
+    """The index in ``data`` (read from ``where``), every entry checked as :func:`read_index`
+    says; DatasetError naming ``where`` if it is not the writer's."""
+    try:
+        index = json.loads(data.decode("utf-8"))
         columns = [index[k] for k in _INDEX_COLUMNS]
         if not all(isinstance(c, list) and len(c) == len(columns[0]) for c in columns):
             raise ValueError("columns of different lengths")
         for k, entry in enumerate(zip(*columns, strict=True)):
             _check_index_entry(k, *entry, tar_size)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DatasetError(f"{path}: missing or invalid tar index: {e}") from e
+    except (ValueError, KeyError, TypeError) as e:  # (UnicodeDecodeError, JSONDecodeError)
+        raise DatasetError(f"{where}: missing or invalid tar index: {e}") from e
     return index
 
 
@@ -82,8 +93,10 @@ class WdsShard:
 
     def __init__(self, path: str) -> None:
         self._path = path
-        self._fd = os.open(path, os.O_RDONLY)
-        index = read_index(path, os.fstat(self._fd).st_size)
+        self._fd: int | None = os.open(path, os.O_RDONLY)
+        self._set_index(read_index(path, os.fstat(self._fd).st_size))
+
+    def _set_index(self, index: dict[str, list[Any]]) -> None:
         self._offsets = np.asarray(index["offsets"], dtype=np.int64)
         self._sizes = np.asarray(index["sizes"], dtype=np.int64)
         self._raw = np.asarray([ext == spec.WDS_RAW_EXT for ext in index["exts"]], dtype=bool)
@@ -111,6 +124,10 @@ class WdsShard:
             if got != row_bytes:
                 raise DatasetError(f"{self._path}: sample {i} lies past the end of the file")
 
+    def read_many(self, indices: list[int]) -> list[bytes | np.ndarray]:
+        """Samples ``indices`` as :meth:`read` gives each (ascending order reads fastest)."""
+        return [self.read(i) for i in indices]
+
     def path(self, i: int) -> str:
         return self._paths[i]
 
@@ -119,10 +136,56 @@ class WdsShard:
             os.close(self._fd)
 
 
+class RangedWdsShard(WdsShard):
+    """A tar shard in object storage, read through its index by byte ranges (requests for
+    nearby samples merged, and run concurrently): no local copy of the tar is made."""
+
+    def __init__(self, remote: RemoteFolder, name: str, tar_size: int) -> None:
+        self._path, self._fd = remote.url_of(name), None
+        self._remote, self._name = remote, name
+        index_name = name + spec.WDS_INDEX_SUFFIX
+        try:
+            data = remote.read(index_name)
+        except OSError as e:
+            raise DatasetError(f"{remote.url_of(index_name)}: missing tar index: {e}") from e
+        self._set_index(parse_index(data, remote.url_of(index_name), tar_size))
+
+    def read(self, i: int) -> bytes | np.ndarray:
+        return self.read_many([i])[0]
+
+    def read_many(self, indices: list[int]) -> list[bytes | np.ndarray]:
+        starts = self._offsets[indices]
+        blobs = self._remote.read_ranges(
+            self._name, starts.tolist(), (starts + self._sizes[indices]).tolist()
+        )
+        return [
+            _npy_to_array(data, f"{self._path}[{i}]") if self._raw[i] else data
+            for i, data in zip(indices, blobs, strict=True)
+        ]
+
+    def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
+        rows, indices = out.numpy().reshape(len(idx), -1), idx.tolist()
+        for row, (i, value) in enumerate(zip(indices, self.read_many(indices), strict=True)):
+            if not isinstance(value, np.ndarray) or value.size != rows.shape[1]:
+                raise DatasetError(f"{self._path}: sample {i} is not a raw sample of this shape")
+            rows[row] = value.reshape(-1)
+
+
 class WdsDataset(ImageDataset):
     """Map-style, random-access dataset over WebDataset tars (through their indexes)."""
 
     format = "wds"
 
+    def __init__(
+        self, root: str | os.PathLike[str], *args: Any, byte_ranges: bool = False, **kwargs: Any
+    ) -> None:
+        """``byte_ranges``: for a URL, read samples by byte ranges of the remote tars instead
+        of copying each shard into the local cache first (what :class:`WdsStream` does)."""
+        super().__init__(root, *args, **kwargs)
+        self.byte_ranges = byte_ranges
+
     def open_shard(self, index: int) -> WdsShard:
+        if self._remote is not None and self.byte_ranges:
+            info = self.manifest.shards[index]
+            return RangedWdsShard(self._remote, info.path, info.bytes)
         return WdsShard(str(self.manifest.shard_path(index)))
