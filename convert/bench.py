@@ -34,6 +34,7 @@ import readers
 from convert.scan import scan_folder
 from readers import spec
 from readers.base import collate_any
+from readers.storage import is_url
 from readers.tune import loader_rate
 
 __all__ = [
@@ -91,7 +92,7 @@ class FolderDataset(Dataset):
 class Source:
     """One path under test: how to (re)open it, its files, and how to load it."""
 
-    path: Path
+    path: Path | str  # a URL for a remote dataset
     kind: str  # a format id, or "folder"
     files: list[Path]
     open: Callable[[], Any]  # -> a map-style dataset with stored(i) and __getitems__
@@ -101,13 +102,23 @@ class Source:
 
     @property
     def label(self) -> str:
-        return f"{self.path.name} ({self.kind})"
+        return f"{path_name(self.path)} ({self.kind})"
 
 
-def open_source(path: Path) -> Source:
-    """An imgpack dataset (any format) or a plain image folder."""
-    if (path / spec.MANIFEST_NAME).is_file():
+def path_name(path: Path | str) -> str:
+    """The last component of a path or URL."""
+    return str(path).rstrip("/").rsplit("/", 1)[-1]
+
+
+def open_source(path: Path | str) -> Source:
+    """An imgpack dataset (any format; a URL is first copied into the reader cache, so
+    that its figures are those of local reads, but the stream's, which reads byte ranges
+    remotely) or a plain image folder."""
+    if is_url(path) or (Path(path) / spec.MANIFEST_NAME).is_file():
         manifest = readers.load_manifest(path)
+        dataset = readers.open_dataset(path)
+        for i in range(len(manifest.shards)):
+            dataset.cache_shard(i)
         files = [p for i in range(len(manifest.shards)) for p in _shard_files(manifest, i)]
 
         def loader(workers: int, batch: int, transform: Any, stream: bool = False) -> Any:
@@ -132,6 +143,7 @@ def open_source(path: Path) -> Source:
             partial(loader, stream=True) if manifest.format == "wds" else None,
             manifest.shape,
         )
+    path = Path(path)
     scan = scan_folder(path)
     if not scan.samples:
         raise FileNotFoundError(f"{path}: no images found below its class folders")

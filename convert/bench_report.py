@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 import readers
-from convert.bench import PERCENTILES
+from convert.bench import PERCENTILES, path_name
+from readers.storage import is_url
 
 __all__ = ["format_table", "headers", "iter_rows", "machine_facts", "plot", "storage_of"]
 
@@ -41,10 +42,13 @@ def machine_facts(paths: list[Path]) -> dict[str, Any]:
     }
 
 
-def storage_of(path: Path) -> dict[str, Any]:
-    """The filesystem and block device holding ``path``, as far as /proc and /sys tell."""
+def storage_of(path: Path | str) -> dict[str, Any]:
+    """The filesystem and block device holding ``path``, as far as /proc and /sys tell
+    (for a URL, its scheme: the figures are of the reader cache's copies)."""
+    if is_url(path):
+        return {"url": str(path), "scheme": str(path).split("://", 1)[0]}
     facts: dict[str, Any] = {}
-    real = str(path.resolve())
+    real = str(Path(path).resolve())
     mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
     best = max((m for m in mounts if real.startswith(m[1])), key=lambda m: len(m[1]), default=None)
     if best:
@@ -63,7 +67,7 @@ def iter_rows(results: list[dict[str, Any]], workers: tuple[int, ...]) -> Iterat
     """The table's rows: one per path, and one more for a wds dataset read as a stream."""
     for r in results:
         f = {k: v["median"] for k, v in r["figures"].items()}
-        name = f"{Path(r['path']).name} ({r['kind']})"
+        name = f"{path_name(r['path'])} ({r['kind']})"
         yield [
             name,
             *(f[f"stored_p{p:g}_us"] for p in PERCENTILES),
@@ -104,7 +108,7 @@ def plot(results: list[dict[str, Any]], workers: tuple[int, ...], out: Path) -> 
         ) from None
     fig, (cdf, bars) = plt.subplots(1, 2, figsize=(13, 5))
     for k, r in enumerate(results):
-        name = f"{Path(r['path']).name} ({r['kind']})"
+        name = f"{path_name(r['path'])} ({r['kind']})"
         for kind, style in (("stored", "-"), ("decoded", "--")):
             lat = np.sort(r["latency_us"][kind])
             fraction = np.arange(1, len(lat) + 1) / len(lat)

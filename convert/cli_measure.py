@@ -13,6 +13,7 @@ from convert import bench as measure
 from convert import bench_report as report
 from readers import tune as tuning
 from readers.spec import DatasetError
+from readers.storage import is_url
 
 __all__ = ["bench", "fail", "tune"]
 
@@ -34,8 +35,18 @@ def _worker_counts(ctx: click.Context, param: click.Parameter, value: str) -> tu
     return counts
 
 
+def _existing_paths(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> list[Path | str]:
+    """Local paths that exist, or URLs (checked when opened)."""
+    missing = [v for v in value if not is_url(v) and not Path(v).exists()]
+    if missing:
+        raise click.BadParameter(f"{missing[0]!r} does not exist")
+    return [v if is_url(v) else Path(v) for v in value]
+
+
 @click.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, callback=_existing_paths)
 @click.option("--samples", default=1000, show_default=True, help="Random reads per latency run.")
 @click.option("--batch-size", default=64, show_default=True, help="Samples per batch read.")
 @click.option(
@@ -76,7 +87,7 @@ def _worker_counts(ctx: click.Context, param: click.Parameter, value: str) -> tu
 @click.pass_context
 def bench(
     ctx: click.Context,
-    paths: tuple[Path, ...],
+    paths: list[Path | str],
     samples: int,
     batch_size: int,
     workers: tuple[int, ...],
@@ -91,7 +102,9 @@ def bench(
 ) -> None:
     """Which backend reads fastest on this machine's storage? Measure each PATH: an
     imgpack dataset (any format) or a plain image folder (the baseline: open + decode
-    per file, as a training script does).
+    per file, as a training script does). A dataset URL (s3://...) is first copied into
+    the reader cache, so its figures are local reads, except the WdsStream's, which reads
+    byte ranges from the bucket.
 
     \b
     Per PATH: latency of one random read without decoding ("raw", p50-p99.9 in µs) and
@@ -107,7 +120,7 @@ def bench(
     try:
         results = []
         for path in paths:
-            bar.set_description(path.name)
+            bar.set_description(measure.path_name(path))
             results.append(
                 measure.bench_path(
                     path,

@@ -211,3 +211,15 @@ def test_the_cache_stays_under_its_limit_and_shares_files_safely(s3_server, tmp_
     cached = ShardCache(fresh).mirror(url)
     assert sorted(p.name for p in cached.iterdir()) == [s.path for s in manifest.shards]
     _assert_same_samples(readers.open_dataset(url, cache_dir=fresh), ds)
+
+
+def test_bench_measures_a_dataset_in_the_bucket(s3_server, tmp_path):
+    url = f"s3://{BUCKET}/bench/wds"
+    convert_folder(SAMPLE_DATA, url, _options("wds"), workers=2, progress=False)
+    report = tmp_path / "bench.json"
+    args = ["bench", url, "--samples", "20", "--workers", "0", "--repeats", "1"]
+    result = CliRunner().invoke(main, [*args, "--seconds", "0.1", "--json", str(report)])
+    assert result.exit_code == 0, result.output
+    assert "wds (wds) stream" in result.output
+    missing = CliRunner().invoke(main, ["bench", str(tmp_path / "nothing")])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
