@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +46,19 @@ class RemoteFolder:
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
+        self._opened: tuple[int, Any, str] | None = None  # (pid, filesystem, root path)
 
-    @cached_property
+    @property
     def _fs_and_root(self) -> tuple[Any, str]:
-        try:
-            import fsspec
-        except ImportError:  # a core dependency; only a broken install lacks it
-            raise ValueError(f"{self.url}: reading URLs needs fsspec: pip install fsspec") from None
+        """The filesystem of this process: fsspec's async filesystems refuse to be used
+        after a fork (a DataLoader worker), so a forked copy makes its own."""
+        if self._opened is None or self._opened[0] != os.getpid():
+            self._opened = (os.getpid(), *self._open())
+        return self._opened[1], self._opened[2]
+
+    def _open(self) -> tuple[Any, str]:
+        import fsspec  # only where a URL is used
+
         protocol = self.url.split("://", 1)[0]
         try:
             fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
@@ -155,10 +160,7 @@ class RemoteFolder:
             self.fs.rm([self.path(n) for n in names])
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "storage_options": self.storage_options}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        return {**self.__dict__, "_opened": None}
 
     def __repr__(self) -> str:
         return f"RemoteFolder({self.url!r})"

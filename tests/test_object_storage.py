@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from torch.utils.data import DataLoader
 
 import readers
 from convert import ConvertOptions, convert_folder
@@ -80,6 +81,16 @@ def test_converting_to_s3_gives_the_local_dataset(s3_server, local, fmt, tmp_pat
     assert spec.MANIFEST_NAME in names and spec.JOURNAL_NAME not in names
     ds = readers.open_dataset(url, cache_dir=tmp_path / "cache")
     _assert_same_samples(ds, readers.open_dataset(local(fmt)))
+    # Used in this process, then forked into workers: each makes its own S3 client.
+    forked = DataLoader(
+        readers.open_dataset(url, cache_dir=tmp_path / "fresh-cache"),
+        batch_size=8,
+        num_workers=2,
+        multiprocessing_context="fork",
+        collate_fn=readers.collate_any,
+    )
+    forked.dataset[31]
+    assert sum(len(labels) for _, labels in forked) == 32
     assert not list(Path(os.environ["IMGPACK_CACHE_DIR"], "staging").glob("*"))
 
 
