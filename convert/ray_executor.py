@@ -24,6 +24,8 @@ import contextlib
 import itertools
 import math
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,10 +56,15 @@ def connected(address: str | None, cpus: int | None) -> Iterator[int]:
     ``cpus`` CPUs (only that one is shut down afterwards). Yields the cluster's CPU count."""
     started = not ray.is_initialized()
     address = address or os.environ.get("RAY_ADDRESS")
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     if started and address:
         ray.init(address=address)
     elif started:
         ray.init(num_cpus=cpus, include_dashboard=False)
+    if started and threading.current_thread() is threading.main_thread():
+        # ray.init replaces the SIGTERM handler with one that ends the process on the spot:
+        # keep the caller's (the CLI's stops the run as Ctrl-C does, cancelling the tasks)
+        signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield max(1, int(ray.cluster_resources().get("CPU", 1)))
     finally:

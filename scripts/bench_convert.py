@@ -1,15 +1,18 @@
 """Benchmark conversion speed: imgpack ``convert_folder`` with 1 and 2 workers against a plain
-single-process Pillow + ``webdataset.ShardWriter`` script doing the same work.
+single-process Pillow + ``webdataset.ShardWriter`` script doing the same work; with
+``--ray``, ``--executor ray`` on a local Ray instance of 2 CPUs against the local pool.
 
 Every contender turns the source JPEGs into shorter-side-256 (bilinear) JPEGs of quality 90
 and writes them; the rounds are interleaved, the source files are in the page cache, and the
 output of the previous run is deleted and flushed to disk before each timed run.
 
     python scripts/bench_convert.py [--folder bench-data/folder] [--repeats 3] [--json F]
+        [--ray]
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import resource
@@ -18,6 +21,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import webdataset
 from bench_common import (
@@ -46,6 +50,9 @@ RESIZE = 256
 QUALITY = 90
 TARGET_W2_OVER_W1 = 1.8
 TARGET_W2_OVER_BASELINE = 2.0
+TARGET_RAY_OVER_POOL = 1 / 1.3  # Ray's time within 1.3x of the local pool's
+RAY_CPUS = 2
+RAY_FORMATS = ("wds",)  # the shard writing differs by format, the Ray part does not
 BASELINE = "baseline (Pillow + wds.ShardWriter)"
 
 
@@ -108,14 +115,70 @@ def measured(
     return measure
 
 
-def imgpack_run(src: Path, fmt: str, workers: int) -> Callable[[Path], int]:
+def imgpack_run(
+    src: Path, fmt: str, workers: int, executor: str = "local"
+) -> Callable[[Path], int]:
     """``convert_folder`` with ``--encoding jpeg --resize 256`` to ``fmt``."""
     options = ConvertOptions(format=fmt, encoding="jpeg", resize=RESIZE, quality=QUALITY)
-    return lambda dst: convert_folder(src, dst, options, workers=workers, progress=False).written
+    return lambda dst: (
+        convert_folder(
+            src, dst, options, workers=workers, progress=False, executor=executor
+        ).written
+    )
+
+
+def compare_ray(
+    args: argparse.Namespace, info: dict[str, Any], src: Path, files: list[Path]
+) -> None:
+    """``--executor ray`` (a local Ray instance of ``RAY_CPUS`` CPUs, started once, as a
+    cluster is) against the local pool of as many workers; the start itself is reported."""
+    import ray
+
+    work, n = args.work / "convert-ray", len(files)
+    start = time.perf_counter()
+    ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
+    init_s = time.perf_counter() - start
+    first = measured(imgpack_run(src, "wds", RAY_CPUS, "ray"), work / "first", files)()
+    print(f"ray.init {init_s:.1f} s; first conversion {n / first.rate:.1f} s (workers start)")
+    contenders = {"imgpack wds workers=1": measured(imgpack_run(src, "wds", 1), work / "w1", files)}
+    for fmt in RAY_FORMATS:
+        for executor in ("local", "ray"):
+            contenders[f"imgpack {fmt} {executor} ({RAY_CPUS} CPUs)"] = measured(
+                imgpack_run(src, fmt, RAY_CPUS, executor), work / f"{fmt}-{executor}", files
+            )
+    runs = interleaved(contenders, args.repeats)
+    ray.shutdown()
+    rate = {name: median_rate(r) for name, r in runs.items()}
+    rows = [[name, rate[name], rates_text(r)] for name, r in runs.items()]
+    table = markdown_table(["contender", "images/s (median)", "repeats"], rows)
+    targets = [
+        target_row(
+            f"{fmt}: ray / local pool (rate)",
+            rate[f"imgpack {fmt} ray ({RAY_CPUS} CPUs)"]
+            / rate[f"imgpack {fmt} local ({RAY_CPUS} CPUs)"],
+            round(TARGET_RAY_OVER_POOL, 3),
+        )
+        for fmt in RAY_FORMATS
+    ]
+    print(f"\n{n} images, {args.repeats} interleaved rounds\n\n{table}\n\n{target_table(targets)}")
+    write_json(
+        args.json,
+        {
+            "machine": info,
+            "images": n,
+            "repeats": args.repeats,
+            "ray_init_s": init_s,
+            "ray_first_conversion_s": n / first.rate,
+            "images_per_s": runs_json(runs),
+            "targets": targets_json(targets),
+        },
+    )
 
 
 def main() -> None:
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    cli = parser(__doc__.splitlines()[0])
+    cli.add_argument("--ray", action="store_true", help="--executor ray against the local pool")
+    args = cli.parse_args()
     info = machine_info()
     print_machine(info)
     src = source_folder(args)
@@ -123,6 +186,9 @@ def main() -> None:
     size = warm_page_cache(files)
     n = len(files)
     print(f"source: {src}, {n} images, mean {size / n / 1000:.1f} KB", flush=True)
+    if args.ray:
+        compare_ray(args, info, src, files)
+        return
 
     work = args.work / "convert"
     contenders = {BASELINE: measured(lambda dst: baseline_convert(src, dst), work / "base", files)}

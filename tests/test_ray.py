@@ -52,6 +52,13 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return photo_folder(tmp_path_factory.mktemp("ray-photos"), PHOTOS, 240, 320)
 
 
+@pytest.fixture(scope="module")
+def photos_checksum(photos: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The content checksum of the local executor's dataset of ``photos``."""
+    dst = tmp_path_factory.mktemp("ray-photos-local")
+    return manifest(convert(photos, dst, "local", options=PHOTO_OPTIONS))["content_sha256"]
+
+
 def convert(src: Path, dst: Path, executor: str, **kw) -> Path:
     fmt = kw.pop("fmt", "wds")
     options = ConvertOptions(format=fmt, **kw.pop("options", OPTIONS))
@@ -134,7 +141,7 @@ def ray_workers_running(task: str) -> list[int]:
 
 
 def test_ray_reruns_the_task_of_a_killed_worker(
-    ray_address: str, photos: Path, tmp_path: Path
+    ray_address: str, photos: Path, photos_checksum: str, tmp_path: Path
 ) -> None:
     killed: list[int] = []
     done = threading.Event()
@@ -154,8 +161,7 @@ def test_ray_reruns_the_task_of_a_killed_worker(
         done.set()
         killer.join()
     assert killed, "no preparation task was caught running"
-    local = convert(photos, tmp_path / "local", "local", options=PHOTO_OPTIONS)
-    assert manifest(on_ray)["content_sha256"] == manifest(local)["content_sha256"]
+    assert manifest(on_ray)["content_sha256"] == photos_checksum
 
 
 def journaled(dst: Path) -> int:
@@ -165,7 +171,11 @@ def journaled(dst: Path) -> int:
         return 0
 
 
-def test_ray_driver_killed_mid_run_resumes(ray_address: str, photos: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_ray_driver_stopped_mid_run_resumes(
+    ray_address: str, photos: Path, photos_checksum: str, tmp_path: Path, stop: signal.Signals
+) -> None:
+    """A driver killed (its tasks end with its job) or stopped (it cancels them first)."""
     dst = tmp_path / "ray"
     args = ["--format", "wds", "--encoding", "jpeg", "--resize", "128", "--shard-size", "10"]
     args += ["--executor", "ray", "--ray-address", ray_address, "--no-progress"]
@@ -174,21 +184,24 @@ def test_ray_driver_killed_mid_run_resumes(ray_address: str, photos: Path, tmp_p
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 120
     while journaled(dst) < 3:
         assert driver.poll() is None, driver.communicate()
         assert time.monotonic() < deadline, "the driver made no progress"
         time.sleep(0.002)
-    driver.kill()
-    driver.communicate()
+    driver.send_signal(stop)
+    _, stderr = driver.communicate(timeout=60)
     assert not (dst / spec.MANIFEST_NAME).exists(), "the run ended before the kill"
+    if stop == signal.SIGTERM:
+        assert driver.returncode == 130
+        assert "rerun the same command with --resume" in stderr
 
     options = ConvertOptions(format="wds", **PHOTO_OPTIONS)
     result = convert_folder(photos, dst, options, resume=True, progress=False, executor="ray")
     assert result.resumed >= 30  # the journaled shards were kept
-    local = convert(photos, tmp_path / "local", "local", options=PHOTO_OPTIONS)
-    assert manifest(dst)["content_sha256"] == manifest(local)["content_sha256"]
+    assert manifest(dst)["content_sha256"] == photos_checksum
 
 
 def test_ray_missing_says_how_to_install(tmp_path: Path) -> None:
