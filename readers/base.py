@@ -121,6 +121,15 @@ def _copy_image(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
+def _one_intra_op_thread() -> None:
+    """Torch ops on a decode thread (a crop's resize) run on that thread alone: with its
+    own intra-op team under each decode thread they oversubscribed the cores, and a resize
+    took 2-10x longer. OpenMP keeps the setting per thread; torch also makes it the default
+    of threads started later, which ``_map`` puts back."""
+    torch.get_num_threads()  # first use on this thread: take the process default now
+    torch.set_num_threads(1)
+
+
 def _default_decode_threads() -> int:
     if get_worker_info() is not None:
         return 1  # DataLoader workers already use the cores
@@ -403,14 +412,18 @@ class ImageDataset(Dataset):
         threads = self.decode_threads or _default_decode_threads()
         if threads <= 1 or len(items) < 2:
             return [fn(x) for x in items]
+        default = torch.get_num_threads()  # what threads started later default to
         if self._pool is None or self._pool_threads != threads:
-            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="imgpack-decode")
+            self._pool = ThreadPoolExecutor(
+                threads, thread_name_prefix="imgpack-decode", initializer=_one_intra_op_thread
+            )
             self._pool_threads = threads
         step = min(threads, len(items))
         slices = [items[k::step] for k in range(step)]
         results: list[Any] = [None] * len(items)
         for k, part in enumerate(self._pool.map(lambda xs: [fn(x) for x in xs], slices)):
             results[k::step] = part
+        torch.set_num_threads(default)  # a new decode thread made its own the default
         return results
 
     def __getstate__(self) -> dict[str, Any]:
