@@ -12,7 +12,10 @@ jpeg: the folder converted with ``--encoding jpeg --resize 256``, centre-cropped
 Each contender is warmed up first (persistent workers started, page cache and mmaps warm),
 then timed in interleaved rounds over passes of at least ``MIN_SECONDS``; medians are quoted.
 
+crops: crops inside the decode (``crop=``) against FFCV, see ``scripts/bench_crops.py``.
+
     python scripts/bench_read.py [--folder bench-data/folder] [--repeats 3] [--json F]
+                                 [--section all|raw|jpeg|crops]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 import torch
 import webdataset
 from bench_common import (
+    MAX_FOREIGN_CORES,
     Measurement,
     image_files,
     interleaved,
@@ -343,7 +347,20 @@ def jpeg_report(jpeg: dict[str, Any]) -> tuple[str, list[list[Any]]]:
 
 
 def main() -> None:
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument(
+        "--section",
+        choices=("all", "raw", "jpeg", "crops"),
+        default="all",
+        help="crops: crop= inside the decode against FFCV (scripts/bench_crops.py)",
+    )
+    p.add_argument(
+        "--max-foreign",
+        type=float,
+        default=MAX_FOREIGN_CORES,
+        help="crops: others' load (cores) that makes a measurement wait and retry",
+    )
+    args = p.parse_args()
     info = machine_info()
     print_machine(info)
     src = source_folder(args)
@@ -352,33 +369,44 @@ def main() -> None:
     n = len(files)
     print(f"source: {src}, {n} images, mean {size / n / 1000:.1f} KB")
 
-    print("raw section", flush=True)
-    raw = run_raw(src, args.work / "read", args.repeats)
-    print("jpeg section", flush=True)
-    jpeg = run_jpeg(src, args.work / "read", args.repeats)
+    results: dict[str, Any] = {
+        "machine": info,
+        "images": n,
+        "repeats": args.repeats,
+        "batch_size": BATCH,
+    }
+    report, targets = [], []
+    if args.section in ("all", "raw"):
+        print("raw section", flush=True)
+        raw = run_raw(src, args.work / "read", args.repeats)
+        table, rows = raw_report(raw)
+        bound = median_rate(raw[MEMCPY])
+        report.append(f"raw uint8 {CROP}x{CROP} (memcpy bound {bound:,.0f}/s):\n\n{table}")
+        results["raw"], targets = {"runs": runs_json(raw)}, targets + rows
+    if args.section in ("all", "jpeg"):
+        print("jpeg section", flush=True)
+        jpeg = run_jpeg(src, args.work / "read", args.repeats)
+        table, rows = jpeg_report(jpeg)
+        kb = jpeg["stored_jpeg_mean_bytes"] / 1000
+        report.append(
+            f"jpeg (stored mean {kb:.1f} KB), centre crop {CROP} at read time:\n\n{table}"
+        )
+        jpeg["runs"] = runs_json(jpeg["runs"])
+        results["jpeg"], targets = jpeg, targets + rows
+    if args.section in ("all", "crops"):
+        import bench_crops  # imports this module: only now, not at its import
 
-    raw_table, raw_targets = raw_report(raw)
-    jpeg_table, jpeg_targets = jpeg_report(jpeg)
-    targets = raw_targets + jpeg_targets
-    print(
-        f"\n{n} images, batch {BATCH}, {args.repeats} interleaved rounds, samples/s medians"
-        f"\n\nraw uint8 {CROP}x{CROP} (memcpy bound {median_rate(raw[MEMCPY]):,.0f}/s):"
-        f"\n\n{raw_table}\n\njpeg (stored mean {jpeg['stored_jpeg_mean_bytes'] / 1000:.1f} KB),"
-        f" centre crop {CROP} at read time:\n\n{jpeg_table}\n\n{target_table(targets)}"
-    )
-    jpeg["runs"] = runs_json(jpeg["runs"])
-    write_json(
-        args.json,
-        {
-            "machine": info,
-            "images": n,
-            "repeats": args.repeats,
-            "batch_size": BATCH,
-            "raw": {"runs": runs_json(raw)},
-            "jpeg": jpeg,
-            "targets": targets_json(targets),
-        },
-    )
+        print("crops section", flush=True)
+        crops = bench_crops.run_crops(src, args.work / "read", args.repeats, args.max_foreign)
+        table, rows = bench_crops.crops_report(crops)
+        kb = crops["stored_jpeg_mean_bytes"] / 1000
+        report.append(f"crops inside the decode (stored mean {kb:.1f} KB):\n\n{table}")
+        crops["runs"] = runs_json(crops["runs"])
+        results["crops"], targets = crops, targets + rows
+    header = f"{n} images, batch {BATCH}, {args.repeats} interleaved rounds, samples/s medians"
+    print("\n\n".join(["", header, *report, target_table(targets)]))
+    results["targets"] = targets_json(targets)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,235 @@
+"""The crop section of ``bench_read.py``: crops inside the decode (``crop=``) against FFCV.
+
+The folder converted with ``--encoding jpeg --resize 256`` (q90) to ``lmdb`` and ``pt`` is
+read in shuffled batches of 64, each contender at ``num_workers`` 0 (2 decode threads), 1
+and 2, second epoch and later timed, interleaved rounds, medians:
+
+centre: ``crop=readers.CenterCrop(224, ratio=224/256)`` (FFCV's semantics; on short-256
+        images the central 224x224, no resize), the old per-sample ``transform=`` crop,
+        FFCV's ``CenterCropRGBImageDecoder((224, 224), 224/256)`` with ``ToTorchImage()``
+        (channels-last, as imgpack's batches) and ``ToTorchImage(channels_last=False)``,
+        imgpack's batches made NCHW-contiguous, and the full decode of the same stored
+        bytes on 2 threads.
+random: ``crop=readers.RandomResizedCrop(224, flip=True)`` against FFCV's
+        ``RandomResizedCropRGBImageDecoder((224, 224))`` + ``RandomHorizontalFlip()``.
+
+FFCV (an optional benchmark-only dependency, see docs/BENCHMARKS.md) writes its own file
+from the same stored images (decoded, re-encoded by OpenCV at q90, ``max_resolution=256``);
+its ``num_workers`` are threads, with ``os_cache=True`` and ``OrderOption.RANDOM``. Without
+``ffcv`` importable its contenders are skipped with a note.
+
+    python scripts/bench_read.py --section crops [--repeats 3] [--json F]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import bench_read as br
+import numpy as np
+import torch
+from bench_common import (
+    Measurement,
+    interleaved,
+    markdown_table,
+    median_rate,
+    rates_text,
+    target_row,
+    warm_page_cache,
+)
+from torch.utils.data import DataLoader
+
+import readers
+
+CENTER = readers.CenterCrop(br.CROP, ratio=br.CROP / br.RESIZE)
+RANDOM = readers.RandomResizedCrop(br.CROP, flip=True)
+TARGET_OVER_FFCV = 1.3
+TARGET_OVER_DECODE = 0.9
+TARGET_WORKERS = 0.9
+
+try:
+    import ffcv  # optional: benchmark only
+except ImportError as e:
+    FFCV_MISSING: str | None = f"{e}"
+else:
+    FFCV_MISSING = None
+
+
+def timed(batches: Callable[[], Iterable[Any]], files: list[Path]) -> Callable[[], Measurement]:
+    """Warm ``batches`` up (an epoch, then one timed to size the passes) and return its
+    timed measurement over whole epochs lasting at least ``br.MIN_SECONDS``."""
+
+    def epochs(passes: int) -> Measurement:
+        warm_page_cache(files)
+        seen, start = 0, time.perf_counter()
+        for _ in range(passes):
+            for images, _labels in batches():
+                seen += len(images)
+        seconds = time.perf_counter() - start
+        return Measurement(seen / seconds, {"passes": passes, "seconds": seconds})
+
+    images, _ = next(iter(batches()))
+    if tuple(images.shape[1:]) != (3, br.CROP, br.CROP) or images.dtype != torch.uint8:
+        raise RuntimeError(f"unexpected batch {images.dtype}{tuple(images.shape)}")
+    epochs(1)
+    passes = math.ceil(br.MIN_SECONDS / epochs(1).extra["seconds"])
+    return lambda: epochs(passes)
+
+
+def imgpack(root: Path, workers: int, nchw: bool = False, **kwargs: Any) -> Callable[[], Any]:
+    """Factory of an imgpack DataLoader contender (``kwargs`` to ``open_dataset``)."""
+
+    def factory() -> Callable[[], Measurement]:
+        threads = 2 if workers == 0 else 1
+        ds = readers.open_dataset(root, decode_threads=threads, **kwargs)
+        loader = DataLoader(
+            ds,
+            batch_size=br.BATCH,
+            shuffle=True,
+            collate_fn=readers.collate,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
+        if not nchw:
+            return timed(lambda: loader, sorted(root.iterdir()))
+        return timed(lambda: ((x.contiguous(), y) for x, y in loader), sorted(root.iterdir()))
+
+    return factory
+
+
+def write_beton(root: Path, path: Path) -> Path:
+    """FFCV's file of the stored images of the imgpack dataset ``root``."""
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    ds = readers.open_dataset(root)
+
+    class Decoded(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(ds)
+
+        def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+            return readers.decode_image(ds.stored(i)), ds.targets[i]
+
+    if not path.exists():
+        field = RGBImageField(write_mode="jpg", max_resolution=br.RESIZE, jpeg_quality=90)
+        writer = DatasetWriter(str(path), {"image": field, "label": IntField()}, num_workers=2)
+        writer.from_indexed_dataset(Decoded())
+    return path
+
+
+def ffcv_loader(beton: Path, workers: int, random: bool, channels_last: bool = True) -> Any:
+    from ffcv.fields.decoders import (
+        CenterCropRGBImageDecoder,
+        IntDecoder,
+        RandomResizedCropRGBImageDecoder,
+    )
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
+
+    size = (br.CROP, br.CROP)
+    image: list[Any] = (
+        [RandomResizedCropRGBImageDecoder(size), RandomHorizontalFlip()]
+        if random
+        else [CenterCropRGBImageDecoder(size, ratio=br.CROP / br.RESIZE)]
+    )
+    image += [ToTensor(), ToTorchImage(channels_last=channels_last)]
+    return Loader(
+        str(beton),
+        batch_size=br.BATCH,
+        num_workers=workers,
+        order=OrderOption.RANDOM,
+        os_cache=True,
+        drop_last=False,
+        pipelines={"image": image, "label": [IntDecoder(), ToTensor(), Squeeze()]},
+    )
+
+
+def ffcv(beton: Path, workers: int, random: bool, channels_last: bool = True) -> Any:
+    """Factory of an FFCV contender: one Loader, iterated every epoch."""
+
+    def factory() -> Callable[[], Measurement]:
+        loader = ffcv_loader(beton, workers, random, channels_last)
+        return timed(lambda: loader, [beton])
+
+    return factory
+
+
+def full_decode(root: Path) -> Callable[[], Callable[[], Measurement]]:
+    """Pure full-image decode of the stored bytes on ``br.DECODE_CORES`` threads."""
+
+    def factory() -> Callable[[], Measurement]:
+        ds = readers.open_dataset(root)
+        br._jpegs[:] = [bytes(ds.stored(i)) for i in range(len(ds))]
+        n = len(br._jpegs)
+        chunks = [(i, min(i + br.BATCH, n)) for i in range(0, n, br.BATCH)]
+        return br.decode_contender(ThreadPoolExecutor(br.DECODE_CORES), chunks)
+
+    return factory
+
+
+def run_crops(src: Path, work: Path, repeats: int, max_foreign: float) -> dict[str, Any]:
+    """Time every contender; return the runs and the stored sizes. ``max_foreign``: the
+    other processes' load (cores) above which a measurement waits and is taken again."""
+    roots = {fmt: br.convert(src, work / f"{fmt}-jpeg", fmt, "jpeg") for fmt in ("lmdb", "pt")}
+    factories: dict[str, Callable[[], Callable[[], Measurement]]] = {}
+    # workers first: they fork before this process opens the lmdb file (see bench_read)
+    for w in (2, 1, 0):
+        for fmt, root in roots.items():
+            factories[f"imgpack {fmt} centre workers={w}"] = imgpack(root, w, crop=CENTER)
+            factories[f"imgpack {fmt} random workers={w}"] = imgpack(root, w, crop=RANDOM)
+    lmdb = roots["lmdb"]
+    factories["imgpack lmdb centre NCHW workers=0"] = imgpack(lmdb, 0, nchw=True, crop=CENTER)
+    factories["imgpack lmdb centre by transform= workers=0"] = imgpack(
+        lmdb, 0, transform=br.CenterCrop(br.CROP)
+    )
+    beton = work / "ffcv.beton"
+    if FFCV_MISSING is None:
+        write_beton(roots["pt"], beton)  # pt: py-lmdb allows one open env per file
+        for w in (1, 2):
+            for kind in ("centre", "random"):
+                factories[f"ffcv {kind} workers={w}"] = ffcv(beton, w, kind == "random")
+        factories["ffcv centre NCHW workers=2"] = ffcv(beton, 2, False, channels_last=False)
+    else:
+        print(f"  FFCV contenders skipped: ffcv does not import ({FFCV_MISSING})", flush=True)
+    factories[f"full decode, {br.DECODE_CORES} threads"] = full_decode(roots["pt"])
+    runs = interleaved(br.warm_up(factories), repeats, max_foreign)
+    sizes = [len(j) for j in br._jpegs]
+    beton_bytes = beton.stat().st_size if beton.exists() else None
+    return {
+        "stored_jpeg_mean_bytes": float(np.mean(sizes)),
+        "ffcv_bytes": beton_bytes,
+        "runs": runs,
+    }
+
+
+def crops_report(crops: dict[str, Any]) -> tuple[str, list[list[Any]]]:
+    """Markdown table of the crop section and its target rows."""
+    runs = crops["runs"]
+    decode_name, decode_rate = br.best(runs, "full decode")
+    rows = [[name, median_rate(r), rates_text(r)] for name, r in runs.items()]
+    table = markdown_table(["contender", "samples/s (median)", "repeats"], rows)
+    targets = []
+    for kind in ("centre", "random"):
+        name, rate = br.best(runs, (f"imgpack lmdb {kind} workers", f"imgpack pt {kind} workers"))
+        if FFCV_MISSING is None:
+            ffcv_name, ffcv_rate = br.best(runs, f"ffcv {kind} workers")
+            label = f"{kind}: imgpack best ({name}) / FFCV best ({ffcv_name})"
+            targets.append(target_row(label, rate / ffcv_rate, TARGET_OVER_FFCV))
+        if kind == "centre":
+            label = f"centre: imgpack best / {decode_name}"
+            targets.append(target_row(label, rate / decode_rate, TARGET_OVER_DECODE))
+        best_in_process = max(
+            median_rate(runs[f"imgpack {fmt} {kind} workers=0"]) for fmt in ("lmdb", "pt")
+        )
+        w2_name, w2_rate = br.best(
+            runs, (f"imgpack lmdb {kind} workers=2", f"imgpack pt {kind} workers=2")
+        )
+        label = f"{kind}: imgpack best workers=2 ({w2_name}) / best workers=0"
+        targets.append(target_row(label, w2_rate / best_in_process, TARGET_WORKERS))
+    return table, targets
