@@ -86,6 +86,9 @@ WDS_PATH_EXT = "path.txt"  # UTF-8 source path; bytes that are not UTF-8 kept (s
 WDS_RAW_EXT = "npy"
 WDS_IMAGE_EXTS = ("jpg", "png", "bmp", "ppm", "pgm", "tif", "webp", WDS_RAW_EXT)
 WDS_INDEX_SUFFIX = ".idx.json"
+# The index: a JSON object of per-sample lists, in this order (data offset and size of
+# the image member, its extension, label, source path).
+WDS_INDEX_COLUMNS = ("offsets", "sizes", "exts", "labels", "paths")
 
 
 class DatasetError(ValueError):

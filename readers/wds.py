@@ -33,8 +33,6 @@ from readers.storage import RemoteFolder
 
 __all__ = ["RangedWdsShard", "WdsDataset", "parse_index", "read_index"]
 
-_INDEX_COLUMNS = ("offsets", "sizes", "exts", "labels", "paths")
-
 
 def read_index(tar_path: str, tar_size: int) -> dict[str, list[Any]]:
     """Load the random-access index that sits beside ``tar_path`` and check every entry,
@@ -54,7 +52,7 @@ def parse_index(data: bytes, where: str, tar_size: int) -> dict[str, list[Any]]:
     says; DatasetError naming ``where`` if it is not the writer's."""
     try:
         index = json.loads(data.decode("utf-8"))
-        columns = [index[k] for k in _INDEX_COLUMNS]
+        columns = [index[k] for k in spec.WDS_INDEX_COLUMNS]
         if not all(isinstance(c, list) and len(c) == len(columns[0]) for c in columns):
             raise ValueError("columns of different lengths")
         for k, entry in enumerate(zip(*columns, strict=True)):

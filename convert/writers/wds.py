@@ -36,7 +36,7 @@ class WdsWriter:
         self.path = path
         self.tar = open(path, "wb")  # noqa: SIM115 (closed in close)
         self.offset = 0
-        self.index = {k: JsonList(path) for k in ("offsets", "sizes", "exts", "labels", "paths")}
+        self.index = {k: JsonList(path) for k in spec.WDS_INDEX_COLUMNS}
 
     def _member(self, name: str, data: bytes) -> int:
         """Append one member (what ``TarFile.addfile`` writes); return the offset of its
@@ -66,14 +66,8 @@ class WdsWriter:
         # A name that is not valid UTF-8 keeps its bytes (str with surrogate escapes).
         path = record.path.encode("utf-8", "surrogateescape")
         self._member(f"{record.key}.{spec.WDS_PATH_EXT}", path)
-        entry = {
-            "offsets": offset,
-            "sizes": len(data),
-            "exts": ext,
-            "labels": record.label,
-            "paths": record.path,
-        }
-        for name, value in entry.items():
+        entry = (offset, len(data), ext, record.label, record.path)
+        for name, value in zip(spec.WDS_INDEX_COLUMNS, entry, strict=True):
             self.index[name].append(value)
 
     def close(self) -> list[str]:
