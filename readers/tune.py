@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from readers.base import ImageDataset, collate_any
+from readers.crop import Crop
 from readers.loader import make_loader
 from readers.spec import load_manifest
 
@@ -142,6 +143,7 @@ def measure(
     step_ms: float | None = None,
     seconds: float = 0.5,
     transform: Any = None,
+    crop: Crop | None = None,
 ) -> Trial:
     """Samples/s, time to the first batch and (with ``step_ms``) the mean wait per batch."""
     with warnings.catch_warnings():  # more workers than CPUs is what is being measured
@@ -153,6 +155,7 @@ def measure(
             distributed=False,
             collate_fn=collate_any,
             transform=transform,
+            crop=crop,
             **setting.kwargs(),
         )
         rate, first_ms, batches = loader_rate(loader, seconds)
@@ -188,6 +191,7 @@ def sweep(
     settings: list[Setting] | None = None,
     report: Callable[[Trial], None] | None = None,
     transform: Any = None,
+    crop: Crop | None = None,
 ) -> list[Trial]:
     """Measure ``settings`` (default: :func:`candidate_settings`) in order, page cache
     warmed first; with ``step_ms``, stop at the first that reaches ``HEADROOM`` times the
@@ -195,7 +199,7 @@ def sweep(
     warm_page_cache(source)
     trials = []
     for setting in settings or candidate_settings():
-        trials.append(measure(source, setting, batch_size, step_ms, seconds, transform))
+        trials.append(measure(source, setting, batch_size, step_ms, seconds, transform, crop))
         if report is not None:
             report(trials[-1])
         if step_ms and (trials[-1].ratio or 0) >= HEADROOM:
@@ -220,8 +224,10 @@ def tune_loader(
     step_ms: float | None = None,
     seconds: float = 0.5,
     transform: Any = None,
+    crop: Crop | None = None,
 ) -> dict[str, Any]:
     """The recommended ``make_loader`` keyword arguments for this data on this machine
-    (``transform``: the one training will use, e.g. a crop that makes batches stack)."""
-    trials = sweep(dataset_or_path, batch_size, step_ms, seconds, transform=transform)
+    (``transform``/``crop``: those training will use, e.g. a crop that makes batches
+    stack)."""
+    trials = sweep(dataset_or_path, batch_size, step_ms, seconds, transform=transform, crop=crop)
     return recommend(trials, step_ms).setting.kwargs()

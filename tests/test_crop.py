@@ -19,6 +19,7 @@ import readers
 from convert import ConvertOptions, convert_folder
 from readers import decode, jpeg_batch
 from readers.fused import dct_factor
+from readers.tune import Setting, sweep
 from readers.wds import read_index
 from tests.photos import encode, photo_crop
 
@@ -244,3 +245,10 @@ def test_crop_needs_decoded_images(photos):
         readers.open_dataset(photos, crop=readers.CenterCrop(8), decode=False)
     with pytest.raises(ValueError, match="size"):
         readers.CenterCrop(0)
+
+
+def test_tune_measures_with_the_crop(photos):
+    setting = Setting(num_workers=0, decode_threads=2, prefetch_factor=None, pin_memory=False)
+    crop = readers.CenterCrop(32)
+    (trial,) = sweep(photos, batch_size=4, seconds=0.05, settings=[setting], crop=crop)
+    assert trial.samples_per_s > 0
