@@ -28,8 +28,6 @@ from readers import spec
 from tests.conftest import SAMPLE_DATA
 from tests.photos import photo_folder
 
-ray = pytest.importorskip("ray")
-
 ROOT = Path(__file__).resolve().parent.parent
 SHARD = 8  # sample_data's 32 images in 4 shards
 OPTIONS = {"encoding": "jpeg", "resize": 80, "exact_resize": True, "shard_size": SHARD}
@@ -41,6 +39,7 @@ PHOTO_OPTIONS = {"encoding": "jpeg", "resize": 128, "shard_size": 10}
 @pytest.fixture(scope="module")
 def ray_address() -> str:
     """A local Ray instance for the module; its address, for drivers in subprocesses."""
+    ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
