@@ -198,5 +198,5 @@ def test_undecoded_samples_decode_in_the_prefetcher_like_the_readers(converted, 
     assert len(images) == len(plain) == 32
     for i, image in enumerate(images):
         torch.testing.assert_close(image, plain[i][0].float().div(255))
-    with pytest.raises(ValueError, match="transform= needs decoded images"):
+    with pytest.raises(ValueError, match="transform= and crop= need decoded images"):
         readers.open_dataset(root, decode=False, transform=lambda x: x)
