@@ -27,6 +27,7 @@ from convert.pipeline import RAY_HINT, BadInputError
 from readers import spec
 from tests.conftest import SAMPLE_DATA
 from tests.photos import photo_folder
+from tests.s3_server import local_s3_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARD = 8  # sample_data's 32 images in 4 shards
@@ -69,9 +70,15 @@ def manifest(dst: Path) -> dict:
     return json.loads((dst / spec.MANIFEST_NAME).read_text(encoding="utf-8"))
 
 
-def read_back(dst: Path) -> list[tuple[torch.Tensor, int, str]]:
+def read_back(dst: Path | str) -> list[tuple[torch.Tensor, int, str]]:
     ds = readers.open_dataset(dst)
     return [(ds[i][0], ds.targets[i], ds.source_path(i)) for i in range(len(ds))]
+
+
+def assert_same_samples(a: Path | str, b: Path) -> None:
+    ours, theirs = read_back(a), read_back(b)
+    assert [s[1:] for s in ours] == [s[1:] for s in theirs]
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(ours, theirs, strict=True))
 
 
 def with_bad_image(tmp_path: Path) -> Path:
@@ -87,9 +94,7 @@ def test_ray_writes_the_local_dataset(ray_address: str, tmp_path: Path, fmt: str
     on_ray = convert(SAMPLE_DATA, tmp_path / "ray", "ray", fmt=fmt)
     assert manifest(on_ray)["content_sha256"] == manifest(local)["content_sha256"]
     assert len(manifest(on_ray)["shards"]) == 4  # hdf5 and lmdb too: one file per shard
-    ours, theirs = read_back(on_ray), read_back(local)
-    assert [s[1:] for s in ours] == [s[1:] for s in theirs]
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(ours, theirs, strict=True))
+    assert_same_samples(on_ray, local)
 
 
 def test_ray_skips_bad_images_as_local(ray_address: str, tmp_path: Path) -> None:
@@ -216,3 +221,14 @@ def test_ray_missing_says_how_to_install(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert RAY_HINT in done.stderr
     assert not (tmp_path / "dst").exists()
+
+
+def test_ray_converts_to_an_object_store_destination(ray_address, tmp_path):
+    local = convert(SAMPLE_DATA, tmp_path / "local", "local")
+    with local_s3_server("imgpack-ray"):
+        url = "s3://imgpack-ray/wds"
+        convert(SAMPLE_DATA, url, "ray", staging=tmp_path / "staging")
+        remote = readers.load_manifest(url)
+        assert remote.content_sha256 == manifest(local)["content_sha256"]
+        assert len(remote.shards) == 4 and not (tmp_path / "staging").exists()
+        assert_same_samples(url, local)
