@@ -252,3 +252,15 @@ def test_tune_measures_with_the_crop(photos):
     crop = readers.CenterCrop(32)
     (trial,) = sweep(photos, batch_size=4, seconds=0.05, settings=[setting], crop=crop)
     assert trial.samples_per_s > 0
+
+
+def test_wds_stream_crops_like_the_map_style_reader(converted):
+    root = converted("wds", "jpeg")
+    crop = readers.RandomResizedCrop(48, flip=True)
+    stream = readers.WdsStream(root, shuffle_buffer=0, crop=crop)
+    stream.set_epoch(1)
+    images = [image for image, _ in stream]
+    ds = readers.open_dataset(root, crop=crop)
+    ds.set_epoch(1)
+    assert len(images) == len(ds)
+    assert all(torch.equal(image, ds[i][0]) for i, image in enumerate(images))
