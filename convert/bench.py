@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 import readers
 from convert.scan import scan_folder
 from readers import spec
-from readers.base import collate_any
+from readers.batch import collate_any
 from readers.storage import is_url
 from readers.tune import loader_rate
 

@@ -20,7 +20,8 @@ Training code imports this package only; it never pulls in the converter.
 
 from __future__ import annotations
 
-from readers.base import ImageDataset, SampleBatch, collate, collate_any
+from readers.base import ImageDataset
+from readers.batch import SampleBatch, collate, collate_any
 from readers.crop import CenterCrop, RandomResizedCrop
 from readers.decode import decode_image, decoder_name
 from readers.device import DevicePrefetcher

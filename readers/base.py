@@ -18,8 +18,9 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
+from readers.batch import SampleBatch, copy_image, new_batch
 from readers.cache import ShardCache
 from readers.crop import Crop
 from readers.decode import decode_image
@@ -27,7 +28,7 @@ from readers.fused import crop_batch
 from readers.spec import DatasetError, Manifest, StorageKind, load_manifest
 from readers.storage import RemoteFolder
 
-__all__ = ["ImageDataset", "SampleBatch", "ShardReader", "collate", "collate_any"]
+__all__ = ["ImageDataset", "ShardReader"]
 
 Transform = Callable[[torch.Tensor], Any]
 
@@ -45,80 +46,6 @@ class ShardReader(Protocol):
 
     def path(self, i: int) -> str:
         """Source path of local sample ``i``, relative to the converted folder."""
-
-
-class SampleBatch(Sequence):
-    """A batch that ``__getitems__`` returns: a list of ``(image, label)`` to anyone, and
-    already-stacked ``images``/``labels`` tensors to :func:`collate` (no second copy)."""
-
-    def __init__(self, images: torch.Tensor | list[Any], labels: torch.Tensor) -> None:
-        self.images = images
-        self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i):  # type: ignore[override]
-        return self.images[i], int(self.labels[i])
-
-
-def collate(batch: Any) -> Any:
-    """DataLoader ``collate_fn``: passes imgpack's pre-stacked batches through untouched and
-    falls back to ``default_collate`` for anything else.
-
-    Raises:
-        ValueError: for images of differing shapes, saying what to do.
-    """
-    if isinstance(batch, SampleBatch) and isinstance(batch.images, torch.Tensor):
-        return batch.images, batch.labels
-    images = batch.images if isinstance(batch, SampleBatch) else [item[0] for item in batch]
-    shapes = {tuple(i.shape) for i in images if isinstance(i, torch.Tensor)}
-    if len(shapes) > 1:
-        raise ValueError(
-            f"cannot stack a batch of images of {len(shapes)} different shapes (e.g. "
-            f"{' and '.join(map(str, sorted(shapes)[:2]))}): this dataset's images vary in "
-            "size. Crop at conversion (imgpack convert --center-crop), pass a cropping "
-            "transform= to the dataset, or use collate_fn=readers.collate_any for lists"
-        )
-    return default_collate(list(batch))
-
-
-def collate_any(batch: Any) -> Any:
-    """:func:`collate`, but images of differing shapes (a variable-size dataset without a
-    crop, or undecoded bytes) come back as a list instead of failing to stack."""
-    images = batch.images if isinstance(batch, SampleBatch) else [image for image, _ in batch]
-    if isinstance(images, torch.Tensor) or len({tuple(i.shape) for i in images}) == 1:
-        return collate(batch)
-    return list(images), torch.tensor([int(label) for _, label in batch])
-
-
-def _new_batch(
-    shape: tuple[int, ...], dtype: torch.dtype, like: torch.Tensor | None = None
-) -> torch.Tensor:
-    """An empty batch tensor, channels-last when 4-D image-like (as HWC storage decodes),
-    and in shared memory inside a DataLoader worker so that handing it to the main
-    process costs no copy (what ``default_collate`` does too)."""
-    channels_last = len(shape) == 4 and (like is None or (like.dim() == 3 and like.stride(0) == 1))
-    order = (0, 2, 3, 1) if channels_last else tuple(range(len(shape)))
-    storage_shape = [shape[i] for i in order]
-    if get_worker_info() is not None:
-        numel = int(np.prod(storage_shape))
-        # the private allocator default_collate itself uses for worker batches
-        storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
-        flat = torch.empty(0, dtype=dtype).set_(storage, 0, (numel,))
-        batch = flat.view(storage_shape)
-    else:
-        batch = torch.empty(storage_shape, dtype=dtype)
-    return batch.permute(0, 3, 1, 2) if channels_last else batch
-
-
-def _copy_image(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst[...] = src`` on this thread only: torch's copy would start its own intra-op
-    threads under each decode thread, which oversubscribes the cores."""
-    try:
-        np.copyto(dst.numpy(), src.numpy())
-    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), or requires_grad
-        dst.copy_(src)
 
 
 def _one_intra_op_thread() -> None:
@@ -242,14 +169,14 @@ class ImageDataset(Dataset):
         if not located:
             return SampleBatch([], labels)
         if self.crop is not None and self.transform is None:
-            batch = _new_batch((len(located), 3, *self.crop.size), torch.uint8)
+            batch = new_batch((len(located), 3, *self.crop.size), torch.uint8)
             rows = batch.permute(0, 2, 3, 1)
             self._crop_into(self.crop, located, [self._shard(s).read(k) for s, k in located], rows)
             return SampleBatch(batch, labels)
         layout = self.manifest.layout
         if layout.kind is StorageKind.FIXED_PIXELS and layout.shape and self.transform is None:
             height, width, channels = layout.shape
-            images = _new_batch((len(located), channels, height, width), torch.uint8)
+            images = new_batch((len(located), channels, height, width), torch.uint8)
             self._gather_pixels(located, images.permute(0, 2, 3, 1))
             return SampleBatch(images, labels)
         return SampleBatch(self._load_batch(located), labels)
@@ -340,14 +267,14 @@ class ImageDataset(Dataset):
         first = self._load(*located[0])
         if not isinstance(first, torch.Tensor) or len(located) == 1:
             return [first, *self._map(lambda sk: self._load(*sk), located[1:])]
-        batch = _new_batch((len(located), *first.shape), first.dtype, like=first)
-        _copy_image(batch[0], first)
+        batch = new_batch((len(located), *first.shape), first.dtype, like=first)
+        copy_image(batch[0], first)
 
         def fill(i: int) -> Any:
             image = self._load(*located[i])
             if not isinstance(image, torch.Tensor) or image.shape != first.shape:
                 return image
-            _copy_image(batch[i], image)
+            copy_image(batch[i], image)
             return None
 
         misfits = self._map(fill, range(1, len(located)))

@@ -14,7 +14,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from readers.base import ImageDataset, Transform, collate, collate_any
+from readers.base import ImageDataset, Transform
+from readers.batch import collate, collate_any
 from readers.crop import Crop
 from readers.plan import EpochState, Split, resolve_rank
 from readers.registry import open_dataset

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from readers.base import ImageDataset, collate_any
+from readers.base import ImageDataset
+from readers.batch import collate_any
 from readers.crop import Crop
 from readers.loader import make_loader
 from readers.spec import load_manifest

@@ -1,0 +1,88 @@
+"""Batches as imgpack's readers build and hand them to a DataLoader: one tensor per
+batch, written in place by the decode threads (in shared memory inside a worker), and the
+``collate_fn`` functions that pass such a batch through without a second copy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate, get_worker_info
+
+__all__ = ["SampleBatch", "collate", "collate_any", "copy_image", "new_batch"]
+
+
+class SampleBatch(Sequence):
+    """A batch that ``__getitems__`` returns: a list of ``(image, label)`` to anyone, and
+    already-stacked ``images``/``labels`` tensors to :func:`collate` (no second copy)."""
+
+    def __init__(self, images: torch.Tensor | list[Any], labels: torch.Tensor) -> None:
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.images[i], int(self.labels[i])
+
+
+def collate(batch: Any) -> Any:
+    """DataLoader ``collate_fn``: passes imgpack's pre-stacked batches through untouched and
+    falls back to ``default_collate`` for anything else.
+
+    Raises:
+        ValueError: for images of differing shapes, saying what to do.
+    """
+    if isinstance(batch, SampleBatch) and isinstance(batch.images, torch.Tensor):
+        return batch.images, batch.labels
+    images = batch.images if isinstance(batch, SampleBatch) else [item[0] for item in batch]
+    shapes = {tuple(i.shape) for i in images if isinstance(i, torch.Tensor)}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"cannot stack a batch of images of {len(shapes)} different shapes (e.g. "
+            f"{' and '.join(map(str, sorted(shapes)[:2]))}): this dataset's images vary in "
+            "size. Crop at conversion (imgpack convert --center-crop), pass a cropping "
+            "transform= to the dataset, or use collate_fn=readers.collate_any for lists"
+        )
+    return default_collate(list(batch))
+
+
+def collate_any(batch: Any) -> Any:
+    """:func:`collate`, but images of differing shapes (a variable-size dataset without a
+    crop, or undecoded bytes) come back as a list instead of failing to stack."""
+    images = batch.images if isinstance(batch, SampleBatch) else [image for image, _ in batch]
+    if isinstance(images, torch.Tensor) or len({tuple(i.shape) for i in images}) == 1:
+        return collate(batch)
+    return list(images), torch.tensor([int(label) for _, label in batch])
+
+
+def new_batch(
+    shape: tuple[int, ...], dtype: torch.dtype, like: torch.Tensor | None = None
+) -> torch.Tensor:
+    """An empty batch tensor, channels-last when 4-D image-like (as HWC storage decodes),
+    and in shared memory inside a DataLoader worker so that handing it to the main
+    process costs no copy (what ``default_collate`` does too)."""
+    channels_last = len(shape) == 4 and (like is None or (like.dim() == 3 and like.stride(0) == 1))
+    order = (0, 2, 3, 1) if channels_last else tuple(range(len(shape)))
+    storage_shape = [shape[i] for i in order]
+    if get_worker_info() is not None:
+        numel = int(np.prod(storage_shape))
+        # the private allocator default_collate itself uses for worker batches
+        storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
+        flat = torch.empty(0, dtype=dtype).set_(storage, 0, (numel,))
+        batch = flat.view(storage_shape)
+    else:
+        batch = torch.empty(storage_shape, dtype=dtype)
+    return batch.permute(0, 3, 1, 2) if channels_last else batch
+
+
+def copy_image(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[...] = src`` on this thread only: torch's copy would start its own intra-op
+    threads under each decode thread, which oversubscribes the cores."""
+    try:
+        np.copyto(dst.numpy(), src.numpy())
+    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), or requires_grad
+        dst.copy_(src)
