@@ -2,34 +2,30 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import signal
 import sys
 from pathlib import Path
 
 import click
 
+from convert.cli_dataset import info, verify
 from convert.cli_measure import bench, fail, tune
 from convert.options import ON_ERROR, ConvertOptions, default_workers
-from convert.pipeline import EXECUTORS, ConversionInterrupted, convert_folder
-from convert.verify import verify_dataset
+from convert.pipeline import ConversionInterrupted, convert_folder
+from convert.planned import EXECUTORS
 from readers import __version__, spec
-from readers.spec import DatasetError, load_manifest
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i)?)?b?\s*$", re.IGNORECASE)
+from readers.cache import parse_size
+from readers.manifest import load_manifest
+from readers.spec import DatasetError
 
 
 def parse_bytes(text: str) -> int:
     """``"500MB"`` -> 500_000_000; ``"1GiB"`` -> 2**30; a plain number is bytes."""
-    match = _SIZE.match(text)
-    if not match:
-        raise click.BadParameter(f"{text!r} is not a size like 512MB or 1GiB")
-    number, prefix, binary = float(match.group(1)), match.group(2), match.group(3)
-    if not prefix:
-        return int(number)
-    return int(number * (1024 if binary else 1000) ** ("kmgt".index(prefix.lower()) + 1))
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -335,74 +331,8 @@ def _class_list(classes_file: Path | None, classes_from: Path | None) -> tuple[s
     return tuple(names)
 
 
-def describe(manifest: spec.Manifest) -> str:
-    """A person-readable account of a manifest."""
-    m = manifest
-    shape = "variable" if manifest.shape is None else "x".join(map(str, manifest.shape))
-    total_bytes = sum(s.bytes for s in manifest.shards)
-    lines = [
-        f"dataset    {manifest.url or manifest.root}",
-        f"format     {m.format} (format version {m.format_version}, "
-        f"imgpack {m.imgpack_version or '?'})",
-        f"encoding   {m.encoding}, images {shape} {m.dtype}",
-        f"samples    {m.num_samples} written, {m.skipped or 0} skipped",
-        f"bytes      {total_bytes:,} in {len(manifest.shards)} shard(s)",
-        f"checksum   {m.content_sha256 or '?'}",
-        f"classes    {len(manifest.classes)}",
-    ]
-    per_class = m.samples_per_class or {}
-    width = max((len(c) for c in manifest.classes), default=0)
-    lines += [f"  {c:<{width}}  {per_class.get(c, '?')}" for c in manifest.classes]
-    lines.append("shards")
-    lines += [f"  {s.path}  {s.samples} samples  {s.bytes:,} bytes" for s in manifest.shards]
-    lines.append("options    " + json.dumps(m.options, sort_keys=True))
-    return "\n".join(lines)
-
-
-@main.command()
-@click.argument("dst")
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest itself.")
-@click.pass_context
-def info(ctx: click.Context, dst: str, as_json: bool) -> None:
-    """Show what the imgpack dataset at DST (a folder or a URL) holds: format, samples
-    per class, shards."""
-    try:
-        manifest = load_manifest(dst)
-    except (DatasetError, ValueError, OSError) as e:
-        fail(ctx, e)
-    click.echo(json.dumps(manifest.to_json(), indent=1) if as_json else describe(manifest))
-
-
-@main.command()
-@click.argument("dst")
-@click.option(
-    "--deep",
-    is_flag=True,
-    help="Also read back and decode every sample, check its shape and recompute the "
-    "content checksum (as slow as one epoch of reading).",
-)
-@click.option(
-    "--progress/--no-progress",
-    default=None,
-    help="Progress bar for --deep [default: on when stderr is a terminal].",
-)
-def verify(dst: str, deep: bool, progress: bool | None) -> None:
-    """Check that the dataset at DST is intact: the manifest, each shard's size and
-    SHA-256, sample counts and labels; with --deep, every sample too. For a URL, each
-    shard is downloaded into the reader cache (~/.cache/imgpack) to be checked.
-
-    Prints one line per problem (file or file[index], and what is wrong) and exits
-    with status 1 if there is any, 0 if the dataset is exactly what its manifest says.
-    """
-    report = verify_dataset(dst, deep=deep, progress=progress)
-    for problem in report.problems:
-        click.echo(str(problem))
-    if not report.ok:
-        raise click.ClickException(f"{len(report.problems)} problem(s) found in {dst}")
-    what = "every sample decoded, content checksum matches" if deep else "sizes and checksums"
-    click.echo(f"OK: {report.samples} samples in {report.shards} shard(s) ({what})")
-
-
+main.add_command(info)
+main.add_command(verify)
 main.add_command(bench)
 main.add_command(tune)
 

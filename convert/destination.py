@@ -11,6 +11,7 @@ dies, even by SIGKILL, so a stale lock file never blocks ``--resume``.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -24,6 +25,7 @@ from convert.journal import ShardEntry
 from convert.options import ConvertOptions, ConvertResult
 from readers import __version__, spec
 from readers.decode import decoder_name
+from readers.manifest import Manifest, json_text
 
 __all__ = [
     "ERRORS_NAME",
@@ -31,6 +33,8 @@ __all__ = [
     "DestinationLock",
     "claim_destination",
     "delete_written",
+    "disk_full",
+    "refuse_dst_in_src",
     "write_errors",
     "write_manifest",
     "written_by_imgpack",
@@ -166,10 +170,35 @@ def claim_destination(dst: Path, overwrite: bool, resume: bool) -> DestinationLo
     return lock
 
 
+def refuse_dst_in_src(src: Path, dst: Path) -> None:
+    """DST inside SRC would be scanned as a class folder by the next run on SRC."""
+    src_real, dst_real = src.resolve(), dst.resolve()
+    if dst_real == src_real:
+        raise ValueError(f"{dst}: DST is SRC itself; write the dataset to a new folder outside it")
+    if dst_real.is_relative_to(src_real):
+        raise ValueError(
+            f"{dst}: DST is inside SRC ({src}); the next conversion of SRC would take it for a "
+            "class folder and shift every label: choose a DST outside SRC"
+        )
+
+
+def disk_full(dst: Path, error: BaseException) -> bool:
+    """True if ``error`` comes from a full disk. LMDB reports one as an I/O error, so
+    beyond ENOSPC/EDQUOT, a write error with under 1 MiB free also counts."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if not isinstance(error, Exception) or isinstance(error, ValueError):
+        return False
+    try:
+        return shutil.disk_usage(dst).free < 1 << 20
+    except OSError:
+        return False
+
+
 # --- the files that finish a dataset ----------------------------------------------------
 def write_errors(path: Path, errors: list[dict[str, str]]) -> None:
     with open(path, "w", encoding="utf-8") as f:
-        f.writelines(map(spec.json_text, errors))
+        f.writelines(map(json_text, errors))
 
 
 def write_manifest(
@@ -191,7 +220,7 @@ def write_manifest(
     per_class = Counter()
     for e in entries:
         per_class.update(e.per_class)
-    spec.Manifest(
+    Manifest(
         root=dst,
         format=options.format,
         encoding=options.encoding,

@@ -27,6 +27,8 @@ from convert.destination import (
     ERRORS_NAME,
     claim_destination,
     delete_written,
+    disk_full,
+    refuse_dst_in_src,
     write_errors,
     write_manifest,
 )
@@ -45,19 +47,17 @@ from convert.options import (
     ConvertResult,
     default_workers,
 )
-from convert.planned import PlannedLedger, ShardPlan, resumable_planned
+from convert.planned import PlannedLedger, ShardPlan, check_executor, resumable_planned
 from convert.remote import RemoteDestination
 from convert.scan import Sample, Scan, scan_source
 from convert.writers import WRITERS, Layout, Record, ShardedOutput
 from readers import spec
+from readers.manifest import load_manifest
 from readers.storage import is_url, local_path
 
 __all__ = ["BadInputError", "ConversionInterrupted", "WorkerDiedError", "convert_folder"]
 
 log = logging.getLogger(__name__)
-
-EXECUTORS = ("local", "ray")
-RAY_HINT = "--executor ray needs Ray: pip install 'imgpack[ray]' (or pip install 'ray>=2.9')"
 
 
 class BadInputError(ValueError):
@@ -115,12 +115,12 @@ def convert_folder(
         raise ValueError(f"unknown on_error {on_error!r}: choose from {ON_ERROR}")
     if overwrite and resume:
         raise ValueError("--overwrite and --resume exclude each other: choose one")
-    _check_executor(executor, ray_address, options, workers)
+    check_executor(executor, ray_address, options, workers)
     remote = RemoteDestination(str(dst), storage_options, staging) if is_url(dst) else None
     src = Path(src)
     dst = remote.staging if remote is not None else local_path(dst)
     if remote is None:
-        _refuse_dst_in_src(src, dst)
+        refuse_dst_in_src(src, dst)
     workers = workers or default_workers()
     scan = scan_source(
         src,
@@ -181,32 +181,6 @@ def convert_folder(
         shutil.rmtree(remote.staging, ignore_errors=True)  # (after the lock inside it)
         result.dst = remote.url
     return result
-
-
-def _check_executor(
-    executor: str, ray_address: str | None, options: ConvertOptions, workers: int | None
-) -> None:
-    """Refuse, before anything is touched, what the executor cannot do."""
-    if executor not in EXECUTORS:
-        raise ValueError(f"unknown executor {executor!r}: choose from {EXECUTORS}")
-    if executor != "ray":
-        if ray_address:
-            raise ValueError("--ray-address needs --executor ray")
-        return
-    try:
-        import convert.ray_executor  # noqa: F401  (Ray is an optional extra)
-    except ImportError as e:
-        raise ValueError(RAY_HINT) from e
-    if options.shard_bytes:
-        raise ValueError(
-            "--shard-bytes cannot be planned before the images are prepared: with --executor "
-            "ray shards are planned by count; use --shard-size N (N = SIZE / bytes per sample)"
-        )
-    if ray_address and workers:
-        raise ValueError(
-            "--workers sizes a new local Ray instance; the cluster at --ray-address has its "
-            "own CPUs: drop --workers"
-        )
 
 
 def _files_of(entries: list[ShardEntry]) -> list[str]:
@@ -313,7 +287,7 @@ def _finish(
     except BaseException as e:
         abort()  # frees the space of the shard being written
         done = ledger.entries
-        if _disk_full(dst, e):
+        if disk_full(dst, e):
             raise OSError(
                 errno.ENOSPC,
                 f"{dst}: no space left on device ({e}); {len(done)} completed shard(s) "
@@ -386,38 +360,13 @@ def _result(job: _Job, ledger: Ledger | PlannedLedger, seconds: float) -> Conver
     )
 
 
-def _disk_full(dst: Path, error: BaseException) -> bool:
-    """True if ``error`` comes from a full disk. LMDB reports one as an I/O error, so
-    beyond ENOSPC/EDQUOT, a write error with under 1 MiB free also counts."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    if not isinstance(error, Exception) or isinstance(error, ValueError):
-        return False
-    try:
-        return shutil.disk_usage(dst).free < 1 << 20
-    except OSError:
-        return False
-
-
-def _refuse_dst_in_src(src: Path, dst: Path) -> None:
-    """DST inside SRC would be scanned as a class folder by the next run on SRC."""
-    src_real, dst_real = src.resolve(), dst.resolve()
-    if dst_real == src_real:
-        raise ValueError(f"{dst}: DST is SRC itself; write the dataset to a new folder outside it")
-    if dst_real.is_relative_to(src_real):
-        raise ValueError(
-            f"{dst}: DST is inside SRC ({src}); the next conversion of SRC would take it for a "
-            "class folder and shift every label: choose a DST outside SRC"
-        )
-
-
 def _already_complete(
     dst: Path, header: dict[str, Any], remote: RemoteDestination | None
 ) -> ConvertResult:
     """The result of a ``--resume`` into a dataset that is complete: nothing to do."""
     where = remote.url if remote is not None else dst
     options = remote.folder.storage_options if remote is not None else None
-    manifest = spec.load_manifest(where, storage_options=options)
+    manifest = load_manifest(where, storage_options=options)
     same_options(f"{where}/{spec.MANIFEST_NAME}", manifest.options, header["options"])
     if manifest.source_fingerprint != header["source_fingerprint"]:
         raise ValueError(

@@ -35,14 +35,20 @@ from convert.writers.base import discard_shard, place_shard
 from readers import spec
 
 __all__ = [
+    "EXECUTORS",
     "PLANNED_SHARD_SIZE",
+    "RAY_HINT",
     "PlannedLedger",
     "ShardOutcome",
     "ShardPlan",
     "ShardTask",
+    "check_executor",
     "resumable_planned",
     "write_shard",
 ]
+
+EXECUTORS = ("local", "ray")
+RAY_HINT = "--executor ray needs Ray: pip install 'imgpack[ray]' (or pip install 'ray>=2.9')"
 
 PLANNED_SHARD_SIZE = 10_000  # samples per shard where the local default is one file
 
@@ -245,3 +251,29 @@ def resumable_planned(
         else:
             kept.setdefault(index, entry)
     return [kept[i] for i in sorted(kept)]
+
+
+def check_executor(
+    executor: str, ray_address: str | None, options: ConvertOptions, workers: int | None
+) -> None:
+    """Refuse, before anything is touched, what the executor cannot do."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}: choose from {EXECUTORS}")
+    if executor != "ray":
+        if ray_address:
+            raise ValueError("--ray-address needs --executor ray")
+        return
+    try:
+        import convert.ray_executor  # noqa: F401  (Ray is an optional extra)
+    except ImportError as e:
+        raise ValueError(RAY_HINT) from e
+    if options.shard_bytes:
+        raise ValueError(
+            "--shard-bytes cannot be planned before the images are prepared: with --executor "
+            "ray shards are planned by count; use --shard-size N (N = SIZE / bytes per sample)"
+        )
+    if ray_address and workers:
+        raise ValueError(
+            "--workers sizes a new local Ray instance; the cluster at --ray-address has its "
+            "own CPUs: drop --workers"
+        )

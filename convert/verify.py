@@ -25,6 +25,7 @@ from convert.writers.base import file_sha256
 from readers import DATASETS, spec
 from readers.base import ImageDataset, ShardReader
 from readers.decode import decode_image
+from readers.manifest import Manifest, load_manifest
 
 __all__ = ["Problem", "VerifyReport", "verify_dataset"]
 
@@ -61,7 +62,7 @@ def verify_dataset(
     """Check the dataset at ``root``; every problem found is in the report, none raised."""
     report = VerifyReport(root, deep=deep)
     try:
-        manifest = spec.load_manifest(root)
+        manifest = load_manifest(root)
     except (spec.DatasetError, ValueError, OSError) as e:
         report.problems.append(Problem(f"{root}/{spec.MANIFEST_NAME}", str(e)))
         return report
@@ -134,7 +135,7 @@ def _cached(dataset: ImageDataset, k: int, report: VerifyReport) -> bool:
     return True
 
 
-def _check_totals(manifest: spec.Manifest, report: VerifyReport) -> None:
+def _check_totals(manifest: Manifest, report: VerifyReport) -> None:
     where = f"{manifest.location}/{spec.MANIFEST_NAME}"
     recorded = manifest.recorded_samples
     if recorded != manifest.num_samples:
@@ -143,7 +144,7 @@ def _check_totals(manifest: spec.Manifest, report: VerifyReport) -> None:
         )
 
 
-def _check_files(manifest: spec.Manifest, k: int, report: VerifyReport) -> bool:
+def _check_files(manifest: Manifest, k: int, report: VerifyReport) -> bool:
     """Size and SHA-256 of shard ``k`` and its sidecars; True if all match."""
     info = manifest.shards[k]
     path = manifest.shard_path(k)
@@ -175,7 +176,7 @@ def _check_files(manifest: spec.Manifest, k: int, report: VerifyReport) -> bool:
     return ok
 
 
-def _check_counts(manifest: spec.Manifest, per_class: Counter[int], report: VerifyReport) -> None:
+def _check_counts(manifest: Manifest, per_class: Counter[int], report: VerifyReport) -> None:
     recorded = manifest.samples_per_class or {}
     for i, name in enumerate(manifest.classes):
         if name in recorded and recorded[name] != per_class[i]:
@@ -189,7 +190,7 @@ def _check_counts(manifest: spec.Manifest, per_class: Counter[int], report: Veri
 
 
 def _check_samples(
-    manifest: spec.Manifest,
+    manifest: Manifest,
     reader: ShardReader,
     labels: np.ndarray,
     location: tuple[str, int],

@@ -28,11 +28,12 @@ from readers.device import DevicePrefetcher
 from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
 from readers.loader import Loader, make_loader
+from readers.manifest import Manifest, load_manifest
 from readers.measure import WaitMeter, measure_wait
 from readers.pt import PtDataset
 from readers.registry import DATASETS, open_dataset
 from readers.sampler import EpochSampler
-from readers.spec import DatasetError, Manifest, load_manifest
+from readers.spec import DatasetError
 from readers.stream import WdsStream
 from readers.tune import tune_loader
 from readers.wds import WdsDataset

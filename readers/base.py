@@ -25,7 +25,8 @@ from readers.cache import ShardCache
 from readers.crop import Crop
 from readers.decode import decode_image
 from readers.fused import crop_batch
-from readers.spec import DatasetError, Manifest, StorageKind, load_manifest
+from readers.manifest import Manifest, load_manifest
+from readers.spec import DatasetError, StorageKind
 from readers.storage import RemoteFolder
 
 __all__ = ["ImageDataset", "ShardReader"]

@@ -13,46 +13,43 @@ local dataset. The cache is one folder shared by every process that names it:
   the file), so the folder can briefly hold more than the limit.
 
 Defaults: ``$IMGPACK_CACHE_DIR`` or ``~/.cache/imgpack``, limit ``$IMGPACK_CACHE_LIMIT``
-or 50 GiB (sizes accept K/M/G/T suffixes).
+or 50 GiB (a size such as ``200GB`` or ``500GiB``: :func:`parse_size`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
-import json
 import os
+import re
 import uuid
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import Any
 
 from readers import spec
 from readers.storage import RemoteFolder
 
-__all__ = ["DEFAULT_CACHE_LIMIT", "ShardCache", "load_remote_manifest", "parse_size"]
+__all__ = ["DEFAULT_CACHE_LIMIT", "ShardCache", "parse_size"]
 
 DEFAULT_CACHE_LIMIT = 50 << 30
 CACHE_DIR_ENV = "IMGPACK_CACHE_DIR"
 CACHE_LIMIT_ENV = "IMGPACK_CACHE_LIMIT"
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i)?)?b?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes from ``123``, ``"512M"``, ``"1.5G"`` or ``"2TiB"``; ValueError if malformed."""
+    """Bytes from ``123``, ``"500MB"`` (500,000,000) or ``"1GiB"`` (2**30): K/M/G/T are
+    powers of 1000, KiB/MiB/GiB/TiB of 1024; ValueError for anything else."""
     if isinstance(text, int):
         return text
-    value = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = value[-1:] if value[-1:] in _UNITS else ""
-    try:
-        number = float(value[: len(value) - len(unit)])
-    except ValueError:
-        raise ValueError(f"size {text!r}: expected a number with an optional K/M/G/T") from None
-    if number < 0:
-        raise ValueError(f"size {text!r} is negative")
-    return int(number * _UNITS[unit])
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size like 512MB or 1GiB")
+    number, prefix, binary = float(match.group(1)), match.group(2), match.group(3)
+    if not prefix:
+        return int(number)
+    return int(number * (1024 if binary else 1000) ** ("kmgt".index(prefix.lower()) + 1))
 
 
 def _alive(pid: int) -> bool:
@@ -142,35 +139,3 @@ class ShardCache:
 
     def __repr__(self) -> str:
         return f"ShardCache({str(self.folder)!r}, limit={self.limit})"
-
-
-def load_remote_manifest(
-    url: str,
-    expect_format: str | None,
-    storage_options: dict[str, Any] | None,
-    cache_dir: str | os.PathLike[str] | None,
-) -> spec.Manifest:
-    """:func:`readers.spec.load_manifest` for a URL: ``root`` is the cache's mirror."""
-    url = url.rstrip("/").removesuffix("/" + spec.MANIFEST_NAME)
-    remote = RemoteFolder(url, storage_options)
-    where = remote.url_of(spec.MANIFEST_NAME)
-    try:
-        text = remote.read(spec.MANIFEST_NAME)
-    except FileNotFoundError:
-        names = remote.names()
-        if any(n.startswith(spec.SHARD_PREFIX) for n in names):
-            raise spec.DatasetError(
-                f"{url}: incomplete dataset (shards but no {spec.MANIFEST_NAME}): a conversion "
-                "into it is running or was interrupted (rerun it with --resume)"
-            ) from None
-        what = f"not an imgpack dataset (no {spec.MANIFEST_NAME})" if names else "no such dataset"
-        raise spec.DatasetError(f"{url}: {what}") from None
-    except OSError as e:
-        raise spec.DatasetError(f"{where}: cannot read: {e}") from e
-    try:
-        raw = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise spec.DatasetError(f"{where}: unreadable manifest: {e}") from e
-    mirror = ShardCache(cache_dir).mirror(url)
-    manifest = spec.Manifest.from_json(mirror, raw, expect_format, path=where)
-    return dataclasses.replace(manifest, url=url)

@@ -17,10 +17,10 @@ from torch.utils.data import DataLoader
 from readers.base import ImageDataset, Transform
 from readers.batch import collate, collate_any
 from readers.crop import Crop
+from readers.manifest import load_manifest
 from readers.plan import EpochState, Split, resolve_rank
 from readers.registry import open_dataset
 from readers.sampler import EpochSampler
-from readers.spec import load_manifest
 from readers.stream import WdsStream
 
 __all__ = ["Loader", "make_loader"]

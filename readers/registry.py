@@ -8,8 +8,8 @@ from typing import Any
 from readers.base import ImageDataset
 from readers.hdf5 import Hdf5Dataset
 from readers.lmdb import LmdbDataset
+from readers.manifest import load_manifest
 from readers.pt import PtDataset
-from readers.spec import load_manifest
 from readers.wds import WdsDataset
 
 __all__ = ["DATASETS", "open_dataset"]

@@ -24,7 +24,7 @@ from readers.base import ImageDataset
 from readers.batch import collate_any
 from readers.crop import Crop
 from readers.loader import make_loader
-from readers.spec import load_manifest
+from readers.manifest import load_manifest
 
 __all__ = [
     "HEADROOM",

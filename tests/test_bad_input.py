@@ -24,6 +24,7 @@ from PIL import Image, ImageOps
 
 from convert import BadInputError, ConvertOptions, convert_folder
 from readers import PtDataset, decode_image, spec
+from readers.manifest import load_manifest
 from tests.photos import encode, photo_crop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -450,7 +451,7 @@ def check_outcome(case: Case, src: Path, dst: Path) -> None:
     errors_file = dst / "errors.jsonl"
     lines = errors_file.read_text().splitlines() if errors_file.exists() else []
     errors = [json.loads(line) for line in lines]
-    manifest = spec.load_manifest(dst)
+    manifest = load_manifest(dst)
     assert manifest.skipped == len(errors)
     dataset = PtDataset(dst)
     stored = {dataset.source_path(i): i for i in range(len(dataset))}

@@ -25,6 +25,7 @@ from convert import ConvertOptions, convert_folder
 from convert.cli import main
 from convert.verify import verify_dataset
 from readers import spec
+from readers.manifest import load_manifest
 from tests.photos import photo_folder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,7 +133,7 @@ def test_resume_after_sigkill_mid_shard_equals_an_uninterrupted_run(
         process.send_signal(signal.SIGKILL)
     assert not (dst / spec.MANIFEST_NAME).exists()
     with pytest.raises(spec.DatasetError, match=r"incomplete conversion.*--resume"):
-        spec.load_manifest(dst)
+        load_manifest(dst)
     # The workers die with the main process: nothing is left writing or holding memory.
     deadline = time.monotonic() + 10
     while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:

@@ -12,6 +12,7 @@ import torch
 
 import readers
 from readers import spec
+from readers.manifest import Manifest, json_text, load_manifest
 
 SAMPLE_CLASSES = ["nature", "people", "scenes", "space"]
 
@@ -318,9 +319,9 @@ def test_pt_shard_carrying_a_pickle_payload_is_refused_without_running_it(
 def test_manifests_round_trip_through_the_typed_manifest_unchanged(converted, fmt):
     root = converted(fmt, "jpeg")
     on_disk = (root / spec.MANIFEST_NAME).read_text(encoding="utf-8")
-    manifest = spec.load_manifest(root)
-    assert spec.Manifest.from_json(root, manifest.to_json()) == manifest
+    manifest = load_manifest(root)
+    assert Manifest.from_json(root, manifest.to_json()) == manifest
     assert manifest.to_json() == json.loads(on_disk)
-    assert spec.json_text(manifest.to_json(), indent=1) == on_disk  # the same bytes
+    assert json_text(manifest.to_json(), indent=1) == on_disk  # the same bytes
     assert manifest.written == manifest.recorded_samples == manifest.num_samples == 32
     assert manifest.options["format"] == fmt and manifest.converted_with["workers"] == 2

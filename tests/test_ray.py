@@ -23,7 +23,8 @@ import torch
 
 import readers
 from convert import ConvertOptions, convert_folder
-from convert.pipeline import RAY_HINT, BadInputError
+from convert.pipeline import BadInputError
+from convert.planned import RAY_HINT
 from readers import spec
 from tests.conftest import SAMPLE_DATA
 from tests.photos import photo_folder

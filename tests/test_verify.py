@@ -13,6 +13,7 @@ from convert.cli import main
 from convert.verify import verify_dataset
 from convert.writers.base import file_sha256
 from readers import spec
+from readers.manifest import load_manifest
 from tests.conftest import ENCODING_CASES
 
 
@@ -50,7 +51,7 @@ def edit_manifest(root: Path, change) -> None:
 def reseal(root: Path, shard: int) -> None:
     """Make the manifest agree with shard ``shard`` as it now is on disk (a writer bug, or
     a forger, that the file checksums alone cannot catch)."""
-    path = root / spec.shard_name(spec.load_manifest(root).format, shard)
+    path = root / spec.shard_name(load_manifest(root).format, shard)
 
     def change(manifest: dict) -> None:
         manifest["shards"][shard].update(bytes=path.stat().st_size, sha256=file_sha256(path))
