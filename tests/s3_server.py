@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterator
 from typing import IO
 
+import fsspec
+
 from readers.storage import RemoteFolder
 
 __all__ = ["local_s3_server"]
@@ -48,11 +50,16 @@ def local_s3_server(bucket: str) -> Iterator[str]:
             stderr=subprocess.STDOUT,
         )
         os.environ.update(env)
+        # fsspec keeps one S3 filesystem per set of options: one made for an earlier server
+        # (its endpoint read from the environment then) must not be reused.
+        s3 = fsspec.get_filesystem_class("s3")
+        s3.clear_instance_cache()
         try:
             _wait_for(server, port, log)
             RemoteFolder(f"s3://{bucket}").fs.mkdir(bucket)
             yield endpoint
         finally:
+            s3.clear_instance_cache()
             server.terminate()
             server.wait(timeout=10)
             for k, v in saved.items():
