@@ -104,8 +104,9 @@ def _interrupt(signum: int, frame: object) -> None:
 )
 @click.option(
     "--classes-from",
-    type=click.Path(path_type=Path),
-    help="Take the class list from an existing imgpack dataset (e.g. the converted training set).",
+    metavar="DATASET",
+    help="Take the class list from an existing imgpack dataset, a folder or a URL (e.g. the "
+    "converted training set).",
 )
 @click.option(
     "--labels",
@@ -226,7 +227,7 @@ def convert(
     encoding: str,
     resize: int | None,
     classes_file: Path | None,
-    classes_from: Path | None,
+    classes_from: str | None,
     labels_file: Path | None,
     unlabeled: bool,
     include_hidden: bool,
@@ -316,7 +317,7 @@ def convert(
         click.echo(f"{result.skipped} file(s) skipped: see {dst}/errors.jsonl", err=True)
 
 
-def _class_list(classes_file: Path | None, classes_from: Path | None) -> tuple[str, ...] | None:
+def _class_list(classes_file: Path | None, classes_from: str | None) -> tuple[str, ...] | None:
     """The class list from a file (one name per line) or from an existing dataset."""
     if classes_from is not None:
         return load_manifest(classes_from).classes

@@ -13,7 +13,6 @@ their recorded size and uploads the rest. Without the journal it starts again.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -37,8 +36,8 @@ class RemoteDestination:
         staging: str | os.PathLike[str] | None = None,
     ) -> None:
         self.folder = RemoteFolder(url, storage_options)
-        key = hashlib.sha256(self.folder.url.encode()).hexdigest()[:16]
-        self.staging = Path(staging or ShardCache().folder / "staging" / key).absolute()
+        default = ShardCache().folder_for("staging", self.folder.url)
+        self.staging = Path(staging or default).absolute()
 
     @property
     def url(self) -> str:

@@ -74,7 +74,12 @@ class ShardCache:
 
     def mirror(self, url: str) -> Path:
         """The local folder that holds the cached shards of the dataset at ``url``."""
-        return self.folder / "datasets" / hashlib.sha256(url.encode()).hexdigest()[:16]
+        return self.folder_for("datasets", url)
+
+    def folder_for(self, kind: str, url: str) -> Path:
+        """``kind/<hash of url>`` in the cache folder: one local folder per remote dataset
+        (``datasets``: shard copies, evicted by size; ``staging``: a conversion's)."""
+        return self.folder / kind / hashlib.sha256(url.encode()).hexdigest()[:16]
 
     def fetch(
         self, remote: RemoteFolder, names: dict[str, str], expected_size: dict[str, int]

@@ -214,7 +214,7 @@ class WdsStream(EpochSource, IterableDataset):
         """The chunks read in one go: one at a time from local disk; from object storage,
         all of this worker's chunks in one shuffle window (at least 1,000 samples), so that
         one round of merged range requests serves them (see :mod:`readers.storage`)."""
-        if self._dataset._remote is None:
+        if self.manifest.url is None:
             yield from ([c] for c in chunks)
             return
         span = max(self.shuffle_buffer, 1000)
