@@ -286,6 +286,8 @@ def convert(
         compression=compression,
         max_pixels=max_pixels,
     )
+    for warning in options.warnings():
+        click.echo(f"warning: {warning}", err=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop: as Ctrl-C
     try:
         result = convert_folder(

@@ -81,6 +81,18 @@ class ConvertOptions:
         if self.compression not in (None, "gzip", "lzf"):
             raise ValueError(f"unknown compression {self.compression!r}: use gzip or lzf")
 
+    def warnings(self) -> list[str]:
+        """Options that are valid but rarely what was meant, each with the likely fix."""
+        if self.center_crop and not self.resize:
+            c = self.center_crop
+            return [
+                f"--center-crop {c} without --resize keeps only the central {c}x{c} pixels "
+                f"of each full-size image (a small patch of a large photo); for "
+                f"torchvision's Resize + CenterCrop recipe add --resize "
+                f"{round(c * 256 / 224)}"
+            ]
+        return []
+
     @property
     def transform(self) -> Transform:
         return Transform(

@@ -3,10 +3,13 @@
 Classes are the sorted names of SRC's sub-folders (``class_to_idx`` maps each to its
 position; an empty class folder is still a class); samples are the files with an image
 extension below each class folder, walked in sorted order, following symlinks. Other files
-(``.txt``, ``.DS_Store``) are ignored. Where ``ImageFolder`` would hang or crash, the scan
-reports a problem instead and goes on: a symlink back to a folder being walked (a loop), a
-broken symlink, an image name that is not a regular file (a FIFO would block the reader),
-a folder that cannot be listed.
+(``.txt``, ``.DS_Store``) are ignored. Where ``ImageFolder`` would hang, crash or label an
+image twice, the scan reports a problem instead, reads nothing through it and goes on: a
+symlink to SRC, to the folder it sits in or to any folder above it (a loop), a symlink from
+one class folder into another part of SRC (``ImageFolder`` would give that class's images
+a second label; a link to a folder outside SRC is followed), a broken symlink, an image
+name that is not a regular file (a FIFO would block the reader), a folder that cannot be
+listed.
 
 Unlike ``ImageFolder``, entries whose name starts with ``.`` (``.ipynb_checkpoints``,
 macOS ``._*`` files, ``.Trash``) are skipped by default, at every level, and listed in
@@ -112,7 +115,9 @@ def scan_folder(
             scan.empty_classes.append(name)
             continue
         listing: list[tuple[str, list[str]]] = []
-        _walk(src, os.path.join(src, name), [], listing, scan, include_hidden)
+        folder = os.path.join(src, name)
+        above = _chain(os.path.realpath(src)) | _chain(os.path.dirname(os.path.realpath(folder)))
+        _walk(src, folder, above, listing, scan, include_hidden, label_root=folder)
         for dirpath, filenames in sorted(listing):  # ImageFolder: sorted(os.walk(...))
             for fname in sorted(filenames):
                 path = os.path.join(dirpath, fname)
@@ -146,7 +151,8 @@ def scan_source(
         raise FileNotFoundError(f"{src}: source folder does not exist or is not a folder")
     scan = Scan([], [])
     listing: list[tuple[str, list[str]]] = []
-    _walk(src, str(src), [], listing, scan, include_hidden)
+    above = _chain(os.path.dirname(os.path.realpath(src)))
+    _walk(src, str(src), above, listing, scan, include_hidden)
     found = [
         os.path.relpath(os.path.join(d, f), src)
         for d, names in sorted(listing)
@@ -218,13 +224,17 @@ def read_labels(path: Path) -> dict[str, str]:
 def _walk(
     src: Path,
     folder: str,
-    ancestors: list[tuple[int, int]],
+    ancestors: frozenset[tuple[int, int]],
     listing: list[tuple[str, list[str]]],
     scan: Scan,
     include_hidden: bool,
+    label_root: str | None = None,
 ) -> None:
-    """``os.walk(folder, followlinks=True)`` that does not follow a link back into a folder
-    it is inside (``ancestors``: their device and inode numbers)."""
+    """``os.walk(folder, followlinks=True)`` that reads nothing through a link to a folder
+    it is inside (``ancestors``: the device and inode numbers of every folder above, up to
+    ``/``, along the real paths walked) and, when ``label_root`` is a class folder, nothing
+    through a link into another part of SRC, whose images would come back with this
+    class's label."""
     problems = scan.problems
     try:
         info = os.stat(folder)
@@ -232,7 +242,7 @@ def _walk(
     except OSError as e:
         problems.append({"path": os.path.relpath(folder, src), "error": f"cannot list: {e}"})
         return
-    ancestors = [*ancestors, (info.st_dev, info.st_ino)]
+    ancestors = ancestors | {(info.st_dev, info.st_ino)}
     images = []
     for entry in entries:
         if _hidden(entry.name) and not include_hidden:
@@ -242,20 +252,54 @@ def _walk(
             is_dir = entry.is_dir()  # follows symlinks, as os.walk(followlinks=True)
         except OSError:
             is_dir = False
-        if is_dir:
-            sub = os.stat(entry.path)
-            if (sub.st_dev, sub.st_ino) in ancestors:
-                problems.append(
-                    {
-                        "path": os.path.relpath(entry.path, src),
-                        "error": "symlink loop: links to a folder it is inside; not followed",
-                    }
-                )
-            else:
-                _walk(src, entry.path, ancestors, listing, scan, include_hidden)
-        elif entry.name.lower().endswith(IMG_EXTENSIONS):
-            images.append(entry.name)
+        if not is_dir:
+            if entry.name.lower().endswith(IMG_EXTENSIONS):
+                images.append(entry.name)
+            continue
+        below = ancestors
+        if entry.is_symlink():
+            refusal = _link_refusal(src, entry.path, ancestors, label_root)
+            if refusal:
+                problems.append({"path": os.path.relpath(entry.path, src), "error": refusal})
+                continue
+            below = ancestors | _chain(os.path.dirname(os.path.realpath(entry.path)))
+        _walk(src, entry.path, below, listing, scan, include_hidden, label_root)
     listing.append((folder, images))
+
+
+def _chain(folder: str) -> frozenset[tuple[int, int]]:
+    """Device and inode numbers of ``folder`` and every folder above it, up to ``/``."""
+    chain = set()
+    while True:
+        info = os.stat(folder)
+        chain.add((info.st_dev, info.st_ino))
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return frozenset(chain)
+        folder = parent
+
+
+def _link_refusal(
+    src: Path, link: str, ancestors: frozenset[tuple[int, int]], label_root: str | None
+) -> str | None:
+    """Why the folder symlink ``link`` must not be followed, or None to follow it."""
+    target, real_src = os.path.realpath(link), os.path.realpath(src)
+    info = os.stat(target)
+    shown = os.path.relpath(target, real_src) if _inside(target, real_src) else target
+    if (info.st_dev, info.st_ino) in ancestors:
+        where = "SRC itself" if shown == "." else shown
+        return f"symlink loop: links to {where}, a folder it is inside; nothing read through it"
+    crosses_classes = label_root is not None and not _inside(target, os.path.realpath(label_root))
+    if crosses_classes and _inside(target, real_src):
+        return (
+            f"links to {shown}, inside SRC but outside this class folder: its images "
+            "would come back with this class's label too; not followed"
+        )
+    return None
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _not_a_file(path: str) -> str | None:

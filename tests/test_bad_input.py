@@ -135,6 +135,17 @@ def symlink_loop(src: Path, dst: Path) -> None:
     (src / "good" / "loop").symlink_to(src / "good")
 
 
+def symlink_to(link: str, target: str):
+    """A builder linking ``good/<link>`` to ``target`` beside a second class ``other``."""
+
+    def build(src: Path, dst: Path) -> None:
+        photo_file("other/x.jpg")(src, dst)
+        (src / "good").mkdir(parents=True, exist_ok=True)
+        (src / "good" / link).symlink_to(target)
+
+    return build
+
+
 def broken_symlink(src: Path, dst: Path) -> None:
     (src / "good").mkdir(parents=True, exist_ok=True)
     (src / "good" / "gone.jpg").symlink_to(src / "nowhere.jpg")
@@ -330,6 +341,22 @@ CASES = [
         "listed in errors.jsonl (`symlink loop`), not followed; the rest is converted",
         symlink_loop,
         (Skipped("good/loop", "symlink loop"),),
+    ),
+    Case(
+        "symlink-to-src",
+        "a symlink from a class folder to SRC or above (`ln -s .. SRC/good/up`)",
+        "listed in errors.jsonl (`symlink loop`), nothing read through it: no image comes "
+        "back with a second label",
+        symlink_to("up", ".."),
+        (Skipped("good/up", "symlink loop: links to SRC itself"), Converted("other/x.jpg")),
+    ),
+    Case(
+        "symlink-to-class",
+        "a symlink from one class folder into another (`good/others -> ../other`)",
+        "listed in errors.jsonl, not followed (`ImageFolder` would label `other`'s images "
+        "`good` too); a link to a folder outside SRC is followed",
+        symlink_to("others", "../other"),
+        (Skipped("good/others", "outside this class folder"), Converted("other/x.jpg")),
     ),
     Case(
         "broken-symlink",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from convert.scan import IMG_EXTENSIONS, Sample, find_classes, scan_folder
+from convert.scan import IMG_EXTENSIONS, Sample, find_classes, scan_folder, scan_source
 
 
 def touch(root: Path, *relpaths: str) -> None:
@@ -153,3 +153,82 @@ def test_broken_symlinks_and_fifos_named_as_images_are_reported(tmp_path):
         {"path": "c/gone.jpg", "error": "broken symlink: its target does not exist"},
         {"path": "c/pipe.jpg", "error": "not a regular file (FIFO, socket or device)"},
     ]
+
+
+def _loop_tree(root: Path) -> Path:
+    """SRC with classes cat and dog (two images each), inside a parent that holds a stray
+    image: what a link may reach but must not read."""
+    touch(root, "stray.jpg", "src/cat/c1.jpg", "src/cat/c2.jpg", "src/dog/d1.jpg", "src/dog/d2.jpg")
+    return root / "src"
+
+
+@pytest.mark.parametrize(
+    ("link", "target", "shown"),
+    [
+        ("dog/up", "..", "SRC itself"),  # ln -s .. SRC/dog/up
+        ("dog/self", ".", "dog"),  # the class folder
+        ("dog/sub/back", "..", "dog"),  # the class folder, from a sub-folder
+        ("dog/parent", "../..", "{parent}"),  # the folder that holds SRC
+    ],
+)
+def test_a_link_to_src_or_any_folder_above_it_is_a_loop_and_reads_nothing(
+    tmp_path, link, target, shown
+):
+    src = _loop_tree(tmp_path)
+    (src / link).parent.mkdir(parents=True, exist_ok=True)
+    (src / link).symlink_to(target)
+    scan = scan_folder(src)
+    assert [(s.relpath, scan.classes[s.label]) for s in scan.samples] == [
+        ("cat/c1.jpg", "cat"),
+        ("cat/c2.jpg", "cat"),
+        ("dog/d1.jpg", "dog"),
+        ("dog/d2.jpg", "dog"),
+    ]
+    (problem,) = scan.problems
+    assert problem["path"] == link
+    where = shown.format(parent=os.path.realpath(tmp_path))
+    assert problem["error"].startswith(f"symlink loop: links to {where}, a folder it is inside")
+
+
+def test_a_link_into_another_class_folder_is_refused_not_a_second_label(tmp_path):
+    src = _loop_tree(tmp_path)
+    (src / "dog/cats").symlink_to("../cat")
+    scan = scan_folder(src)
+    assert [s.relpath for s in scan.samples] == [
+        "cat/c1.jpg",
+        "cat/c2.jpg",
+        "dog/d1.jpg",
+        "dog/d2.jpg",
+    ]
+    assert scan.problems == [
+        {
+            "path": "dog/cats",
+            "error": "links to cat, inside SRC but outside this class folder: its images "
+            "would come back with this class's label too; not followed",
+        }
+    ]
+
+
+def test_a_loop_through_a_followed_outside_folder_reads_nothing_above_it(tmp_path):
+    # dog/linked -> outside/breeds (followed, like ImageFolder); inside it a link to outside/,
+    # the folder above the one it really sits in: a loop, not a door to outside/other.
+    touch(tmp_path, "outside/other/o.jpg", "outside/breeds/b.jpg", "src/dog/d.jpg")
+    (tmp_path / "src/dog/linked").symlink_to(tmp_path / "outside/breeds")
+    (tmp_path / "outside/breeds/up").symlink_to("..")
+    scan = scan_folder(tmp_path / "src")
+    assert [s.relpath for s in scan.samples] == ["dog/d.jpg", "dog/linked/b.jpg"]
+    assert [p["path"] for p in scan.problems] == ["dog/linked/up"]
+    assert "symlink loop" in scan.problems[0]["error"]
+
+
+def test_an_unlabeled_scan_reads_nothing_through_a_link_above_src(tmp_path):
+    src = _loop_tree(tmp_path)
+    (src / "dog/parent").symlink_to("../..")
+    scan = scan_source(src, unlabeled=True)
+    assert sorted(s.relpath for s in scan.samples) == [
+        "cat/c1.jpg",
+        "cat/c2.jpg",
+        "dog/d1.jpg",
+        "dog/d2.jpg",
+    ]
+    assert [p["path"] for p in scan.problems] == ["dog/parent"]

@@ -183,6 +183,21 @@ def test_a_centre_crop_larger_than_the_resize_is_refused(tmp_path, sample_data):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_centre_crop_without_a_resize_warns_and_names_the_fix(tmp_path, sample_data):
+    src = small_source(tmp_path, sample_data)
+    result = convert_cli(src, tmp_path / "out", "--format", "pt", "--center-crop", 224)
+    assert result.exit_code == 0, result.output
+    assert (
+        "warning: --center-crop 224 without --resize keeps only the central 224x224 pixels"
+        in result.output
+    )
+    assert "add --resize 256" in result.output
+    plain = convert_cli(
+        src, tmp_path / "out2", "--format", "pt", "--resize", 256, "--center-crop", 224
+    )
+    assert "warning" not in plain.output
+
+
 def test_a_class_list_keeps_labels_when_a_class_folder_is_missing(tmp_path, sample_data):
     train = small_source(tmp_path, sample_data)
     assert convert_cli(train, tmp_path / "train", "--format", "lmdb").exit_code == 0
