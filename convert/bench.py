@@ -5,9 +5,13 @@ Per path (an imgpack dataset of any format, or a plain ImageNet-layout folder re
 a training script reads files): the latency of one stored sample read without decoding and
 with decoding (p50/p90/p99/p99.9 over seeded random indices), batch reads
 (``__getitems__`` of ``batch_size`` random indices), sequential throughput, and DataLoader
-samples/s for each worker count; ``wds`` datasets also as a stream. Warm page cache by
-default (an untimed pass first); ``cold=True`` drops the dataset's own pages before each
-timed pass (``posix_fadvise(DONTNEED)``, no root needed) and reports what stayed resident.
+samples/s for each worker count; ``wds`` datasets also as a stream. With ``crop``, the
+DataLoader runs centre-crop through the readers' ``crop=`` (:class:`readers.CenterCrop`,
+decoded straight into the batch), as training would; the folder decodes each file whole and
+places the same box. Warm page cache by default (an untimed pass first); ``cold=True``
+drops the dataset's own pages before each timed pass (``posix_fadvise(DONTNEED)``, no root
+needed) and reports what stayed resident. What the library warns about while measuring
+(an unshuffled ``wds`` dataset read as a stream, say) is kept as a one-line note.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import random
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -34,15 +39,17 @@ import readers
 from convert.scan import scan_folder
 from readers import spec
 from readers.batch import collate_any
+from readers.crop import CenterCrop, Crop
+from readers.fused import place
 from readers.storage import is_url
 from readers.tune import loader_rate
 
 __all__ = [
     "PERCENTILES",
-    "CentreCrop",
     "Source",
     "bench_path",
     "drop_cache",
+    "library_notes",
     "open_source",
     "resident_fraction",
     "steps",
@@ -51,27 +58,15 @@ __all__ = [
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
 
-class CentreCrop:
-    """The centre ``size`` x ``size`` of a ``[3, H, W]`` image (a view; padded never): what
-    ``--crop`` applies in DataLoader runs, so that batches of varying sizes stack."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        h, w = image.shape[-2:]
-        top, left = max(0, (h - self.size) // 2), max(0, (w - self.size) // 2)
-        return image[..., top : top + self.size, left : left + self.size]
-
-
 class FolderDataset(Dataset):
-    """What a training script reading image files does: open, read, decode, per sample."""
+    """What a training script reading image files does: open, read, decode, per sample
+    (and with ``crop``, cut its box from the decoded image, torchvision's ``CenterCrop``)."""
 
     def __init__(
-        self, root: Path, relpaths: list[str], labels: list[int], transform: Any = None
+        self, root: Path, relpaths: list[str], labels: list[int], crop: Crop | None = None
     ) -> None:
         self.root, self.relpaths, self.labels = root, relpaths, labels
-        self.transform = transform
+        self.crop = crop
 
     def __len__(self) -> int:
         return len(self.relpaths)
@@ -81,8 +76,11 @@ class FolderDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         pixels = readers.decode_image(self.stored(index), self.relpaths[index])
-        image = torch.from_numpy(pixels).permute(2, 0, 1)
-        return self.transform(image) if self.transform else image, self.labels[index]
+        if self.crop is not None:
+            box = self.crop.boxes(np.array([pixels.shape[:2]]), np.array([index]))[0]
+            pixels, whole = np.empty((*self.crop.size, 3), dtype=np.uint8), pixels
+            place(whole, box, pixels)
+        return torch.from_numpy(pixels).permute(2, 0, 1), self.labels[index]
 
     def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, int]]:
         return [self[i] for i in indices]
@@ -96,9 +94,8 @@ class Source:
     kind: str  # a format id, or "folder"
     files: list[Path]
     open: Callable[[], Any]  # -> a map-style dataset with stored(i) and __getitems__
-    loader: Callable[[int, int, Any], Any]  # (workers, batch_size, transform) -> batches
-    stream: Callable[[int, int, Any], Any] | None = None  # wds only
-    shape: tuple[int, int, int] | None = None  # (H, W, 3) when every sample has it
+    loader: Callable[[int, int, Crop | None], Any]  # (workers, batch_size, crop) -> batches
+    stream: Callable[[int, int, Crop | None], Any] | None = None  # wds only
 
     @property
     def label(self) -> str:
@@ -121,11 +118,11 @@ def open_source(path: Path | str) -> Source:
             dataset.cache_shard(i)
         files = [p for i in range(len(manifest.shards)) for p in _shard_files(manifest, i)]
 
-        def loader(workers: int, batch: int, transform: Any, stream: bool = False) -> Any:
+        def loader(workers: int, batch: int, crop: Crop | None, stream: bool = False) -> Any:
             return readers.make_loader(
                 path,
                 batch,
-                transform=transform,
+                crop=crop,
                 num_workers=workers,
                 distributed=False,
                 collate_fn=collate_any,
@@ -141,7 +138,6 @@ def open_source(path: Path | str) -> Source:
             lambda: readers.open_dataset(path),
             loader,
             partial(loader, stream=True) if manifest.format == "wds" else None,
-            manifest.shape,
         )
     path = Path(path)
     scan = scan_folder(path)
@@ -150,9 +146,9 @@ def open_source(path: Path | str) -> Source:
     relpaths = [s.relpath for s in scan.samples]
     labels = [s.label for s in scan.samples]
 
-    def folder_loader(workers: int, batch: int, transform: Any) -> Any:
+    def folder_loader(workers: int, batch: int, crop: Crop | None) -> Any:
         return DataLoader(
-            FolderDataset(path, relpaths, labels, transform),
+            FolderDataset(path, relpaths, labels, crop),
             batch_size=batch,
             shuffle=True,
             num_workers=workers,
@@ -245,6 +241,25 @@ def _nbytes(value: Any) -> int:
     return value.nbytes if isinstance(value, (np.ndarray, memoryview)) else len(value)
 
 
+@contextmanager
+def library_notes() -> Iterator[list[str]]:
+    """The library's ``UserWarning`` s inside the block, each once, as notes for the report
+    (Python would print each with a source line); a DataLoader with more workers than CPUs
+    is what the user asked to measure and says nothing. Other warnings pass through."""
+    notes: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
+        try:
+            yield notes
+        finally:
+            others = [w for w in caught if not issubclass(w.category, UserWarning)]
+            found = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+            notes.extend(dict.fromkeys(found))
+    for w in others:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def bench_path(
     path: Path,
     *,
@@ -307,32 +322,30 @@ def bench_path(
         measured.add("sequential_samples_per_s", len(sequential) / elapsed)
         measured.add("sequential_mb_per_s", total / elapsed / 1e6)
 
-    def loader_reads(name: str, make: Callable[[int, int, Any], Any], workers: int) -> None:
+    shape = CenterCrop(crop) if crop else None
+
+    def loader_reads(name: str, make: Callable[[int, int, Crop | None], Any], workers: int) -> None:
         fresh()
-        cropped = source.shape is not None and source.shape[:2] == (crop, crop)
-        transform = CentreCrop(crop) if crop and not cropped else None
-        with warnings.catch_warnings():  # more workers than CPUs: what the user asked for
-            warnings.filterwarnings("ignore", "This DataLoader will create", UserWarning)
-            rate = loader_rate(make(workers, batch_size, transform), seconds)[0]
-        measured.add(name, rate)
+        measured.add(name, loader_rate(make(workers, batch_size, shape), seconds)[0])
 
     if not cold:  # warm: one untimed pass over what will be read
         ds = source.open()
         for i in [*picks, *sequential]:
             ds.stored(i)
         del ds
-    for _ in range(repeats):
-        latencies("stored", lambda ds, i: ds.stored(i))
-        latencies("decoded", lambda ds, i: ds[i])
-        tick("latency")
-        batch_reads()
-        sequential_reads()
-        tick("batches and sequential")
-        for w in workers:
-            loader_reads(f"loader_w{w}_samples_per_s", source.loader, w)
-            if source.stream is not None:
-                loader_reads(f"stream_w{w}_samples_per_s", source.stream, w)
-            tick(f"DataLoader workers={w}")
+    with library_notes() as notes:
+        for _ in range(repeats):
+            latencies("stored", lambda ds, i: ds.stored(i))
+            latencies("decoded", lambda ds, i: ds[i])
+            tick("latency")
+            batch_reads()
+            sequential_reads()
+            tick("batches and sequential")
+            for w in workers:
+                loader_reads(f"loader_w{w}_samples_per_s", source.loader, w)
+                if source.stream is not None:
+                    loader_reads(f"stream_w{w}_samples_per_s", source.stream, w)
+                tick(f"DataLoader workers={w}")
     return {
         "path": str(path),
         "kind": source.kind,
@@ -341,6 +354,7 @@ def bench_path(
         "cache": "cold" if cold else "warm",
         "crop": crop,
         "cache_notes": cache_notes,
+        "notes": notes,
         "figures": measured.as_json(),
         "latency_us": measured.latencies,
     }

@@ -12,10 +12,12 @@ from tqdm import tqdm
 from convert import bench as measure
 from convert import bench_report as report
 from readers import tune as tuning
+from readers.crop import CenterCrop
+from readers.manifest import load_manifest
 from readers.spec import DatasetError
 from readers.storage import is_url
 
-__all__ = ["bench", "fail", "tune"]
+__all__ = ["bench", "fail", "recommended_call", "tune", "verdict"]
 
 
 def fail(ctx: click.Context, error: Exception) -> None:
@@ -66,9 +68,12 @@ def _existing_paths(
 )
 @click.option(
     "--crop",
-    type=int,
-    help="Centre-crop images to this size in the DataLoader runs, as training would, so "
-    "that batches of images of different sizes stack (without it they travel as lists).",
+    type=click.IntRange(min=1),
+    help="Centre-crop images to this size in the DataLoader runs, as training would: "
+    "datasets through the readers' crop=readers.CenterCrop(SIZE), decoded straight into "
+    "the batch; the image folder decodes each file whole and cuts the same box (zero-padded "
+    "where smaller, as torchvision's CenterCrop). Without it, images of different sizes "
+    "travel as lists.",
 )
 @click.option(
     "--cold",
@@ -144,6 +149,8 @@ def bench(
     for r in results:
         if r["cache_notes"]:
             click.echo(f"{r['path']}: page cache before each cold run: {r['cache_notes'][-1]}")
+        for note in r["notes"]:
+            click.echo(f"note: {note}")
     click.echo(
         "cache: "
         + ("cold (dropped before each timed run)" if cold else "warm (an untimed pass first)")
@@ -160,21 +167,69 @@ def bench(
         click.echo(f"plot: {plot_path}")
 
 
+def verdict(best: tuning.Trial, step_ms: float) -> str:
+    """One line on whether loading is the bottleneck, from the wait measured with ``best``
+    (the recommended setting) while a ``step_ms`` step ran after each batch."""
+    wait, share = best.wait_ms or 0.0, (best.wait_ms or 0.0) / step_ms
+    if tuning.keeps_up(best.wait_ms, step_ms):
+        return (
+            f"loading is not the bottleneck: with {best.setting} the training loop waited "
+            f"{wait:.1f} ms per {step_ms:g} ms step ({100 * share:.1f} %; up to "
+            f"{100 * tuning.WAIT_SHARE:g} % counts as keeping up), so the sweep stopped there."
+        )
+    overlap = " (without workers, loading does not overlap the step)"
+    return (
+        f"loading IS the bottleneck: the least wait measured was {wait:.1f} ms per "
+        f"{step_ms:g} ms step ({100 * share:.0f} %, over the {100 * tuning.WAIT_SHARE:g} % "
+        f"that counts as keeping up), with {best.setting}, which loads "
+        f"{best.ratio or 0:.2f}x as fast as the model computes"
+        f"{overlap if not best.setting.num_workers else ''}. Consider a cheaper encoding "
+        "(raw), a smaller stored size, or more CPU cores."
+    )
+
+
+def recommended_call(path: Path, batch_size: int, crop: int | None, best: tuning.Trial) -> str:
+    """The ``readers.make_loader(...)`` call to paste, with the crop the figures were
+    measured with."""
+    arguments = [repr(str(path)), f"batch_size={batch_size}"]
+    if crop:
+        arguments.append(f"crop=readers.CenterCrop({crop})")
+    arguments += [f"{k}={v!r}" for k, v in best.setting.kwargs().items()]
+    return f"readers.make_loader({', '.join(arguments)})"
+
+
 @click.command()
 @click.argument("path", type=click.Path(exists=True, path_type=Path))
 @click.option(
     "--step-ms",
-    type=float,
-    help="Your model's compute time per batch, in ms: tune then says whether loading is "
-    "the bottleneck and stops at the cheapest setting that is 1.5x faster than compute.",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Your model's compute time per batch, in ms. Each setting is then also measured "
+    "with a step of that length after every batch: loading is not the bottleneck when the "
+    f"training loop waits at most {100 * tuning.WAIT_SHARE:g} % of the step for the next "
+    "batch (the loader's rate alone cannot say: without workers loading does not overlap "
+    "the step), and the sweep stops at the cheapest setting that does.",
 )
-@click.option("--batch-size", default=64, show_default=True, help="Samples per batch.")
-@click.option("--seconds", default=0.5, show_default=True, help="Timed seconds per setting.")
+@click.option(
+    "--batch-size",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Samples per batch.",
+)
+@click.option(
+    "--seconds",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Timed seconds per setting.",
+)
 @click.option(
     "--crop",
-    type=int,
-    help="Centre-crop images to this size, as training would (images of one size stack "
-    "into one tensor; without a crop, images of different sizes travel as lists).",
+    type=click.IntRange(min=1),
+    help="Centre-crop images to this size while decoding, with crop=readers.CenterCrop(SIZE) "
+    "as training would (zero-padded where smaller; the figures include the crop's cost). "
+    "Images of one size stack into one tensor; without a crop, images of different sizes "
+    "travel as lists.",
 )
 @click.pass_context
 def tune(
@@ -187,50 +242,38 @@ def tune(
 ) -> None:
     """Which DataLoader settings keep the GPU busy? Measure num_workers, decode_threads,
     prefetch_factor (and pin_memory with CUDA) on the dataset at PATH, cheapest first, and
-    print the keyword arguments to paste into readers.make_loader.
+    print the readers.make_loader call to paste.
 
     \b
-    imgpack tune /data/in1k-pt --step-ms 40 --batch-size 256
+    imgpack tune /data/in1k-pt --step-ms 40 --batch-size 256 --crop 224
     """
+    try:
+        load_manifest(path)  # not a dataset: that error alone, before the table
+    except (DatasetError, ValueError) as e:
+        fail(ctx, e)
     head = f"{'setting':<58} {'samples/s':>9} {'first batch ms':>14}"
     if step_ms:
-        head += f" {'wait ms/batch':>13} {'loader/compute':>15}"
+        head += f" {'wait ms/batch':>13} {'wait % of step':>14} {'loader/compute':>14}"
     click.echo(head)
 
     def show(t: tuning.Trial) -> None:
         row = f"{t.setting!s:<58} {t.samples_per_s:>9,.0f} {t.first_batch_ms:>14,.0f}"
-        if t.wait_ms is not None:
-            row += f" {t.wait_ms:>13.1f} {t.ratio:>14.2f}x"
+        if step_ms and t.wait_ms is not None:
+            row += f" {t.wait_ms:>13.1f} {100 * t.wait_ms / step_ms:>14.1f} {t.ratio:>13.2f}x"
         click.echo(row)
 
     try:
-        transform = measure.CentreCrop(crop) if crop else None
-        trials = tuning.sweep(path, batch_size, step_ms, seconds, report=show, transform=transform)
+        shape = CenterCrop(crop) if crop else None
+        trials = tuning.sweep(path, batch_size, step_ms, seconds, report=show, crop=shape)
     except (DatasetError, ValueError) as e:
         fail(ctx, e)
     best = tuning.recommend(trials, step_ms)
     if step_ms:
-        top = max(t.ratio or 0 for t in trials)
-        if (best.ratio or 0) >= tuning.HEADROOM:
-            click.echo(
-                f"loading is not the bottleneck: {best.setting} loads {best.ratio:.1f}x as "
-                f"fast as the model computes ({step_ms:g} ms per batch); past "
-                f"{tuning.HEADROOM}x more loader work buys nothing, so the sweep stopped."
-            )
-        else:
-            click.echo(
-                f"loading IS the bottleneck: the best setting loads {top:.2f}x as fast as the "
-                f"model computes; the GPU waits {best.wait_ms:.1f} ms per batch. Consider a "
-                "cheaper encoding (raw), a smaller stored size, or more CPU cores."
-            )
+        click.echo(verdict(best, step_ms))
     if best.setting.num_workers:
         click.echo(
             f"persistent_workers=True: without it every epoch pays the "
             f"{best.first_batch_ms:,.0f} ms its workers took to start."
         )
-    click.echo(
-        "recommended" + (f" (with your {crop}-pixel crop as transform=)" if crop else "") + ":"
-    )
-    click.echo(
-        f"readers.make_loader({str(path)!r}, batch_size={batch_size}, **{best.setting.kwargs()!r})"
-    )
+    click.echo("recommended:")
+    click.echo(recommended_call(path, batch_size, crop, best))
