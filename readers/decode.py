@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import struct
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -40,12 +41,15 @@ from PIL import Image, ImageFile
 
 __all__ = [
     "ImageTooLargeError",
+    "StoredImage",
     "dct_scale",
     "decode_image",
+    "decode_stored",
     "decoder_name",
     "encode_jpeg",
     "is_jpeg",
     "jpeg_size",
+    "orient",
 ]
 
 log = logging.getLogger(__name__)
@@ -103,13 +107,14 @@ def decoder_name() -> str:
     return "turbojpeg" if _turbojpeg() is not None else "pillow"
 
 
-def dct_scale(width: int, height: int, min_side: int | None) -> tuple[int, int]:
+def dct_scale(width: int, height: int, min_side: float | None) -> tuple[int, int]:
     """The JPEG scaling factor ``(1, d)``, ``d`` in 1, 2, 4, 8, that shrinks the image
-    most while its shorter side stays at least ``min_side``: libjpeg-turbo (and Pillow's
-    ``draft``) then reduce in the DCT domain, skipping most of the inverse DCT."""
+    most while its shorter side stays at least ``min_side`` (``short / d >= min_side``, the
+    rule of Pillow's ``draft``): libjpeg-turbo then reduces in the DCT domain, skipping
+    most of the inverse DCT. The output is ``ceil(side / d)`` pixels a side."""
     short = min(width, height)
     for d in (8, 4, 2):
-        if min_side and -(-short // d) >= min_side:
+        if min_side and short >= d * min_side:
             return 1, d
     return 1, 1  # (a full decode; decode_image passes no factor at all then)
 
@@ -124,10 +129,34 @@ def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     return (width, height) if orientation in (5, 6, 7, 8) else (height, width)
 
 
+@dataclass(frozen=True)
+class StoredImage:
+    """Decoded pixels as the file stores them, before EXIF orientation, with what a resize
+    needs to know about them. A DCT-scaled decode covers the image with
+    ``ceil(side / scale)`` pixels a side, the last row and column only partly: the image
+    spans :attr:`extent` of them, from the top-left corner."""
+
+    pixels: np.ndarray  # uint8 [ceil(height / scale), ceil(width / scale), 3]
+    height: int  # of the full-size image as stored
+    width: int
+    scale: int  # 1, 2, 4 or 8
+    orientation: int  # EXIF orientation; orient() turns the pixels upright
+
+    @property
+    def extent(self) -> tuple[float, float]:
+        """``(height, width)`` of the image in units of :attr:`pixels` (exact: the scale
+        is a power of two)."""
+        return self.height / self.scale, self.width / self.scale
+
+    def upright(self) -> np.ndarray:
+        """The pixels turned upright (a C-contiguous array)."""
+        return orient(self.pixels, self.orientation)
+
+
 def decode_image(
     data: bytes | memoryview,
     name: str = "",
-    min_side: int | None = None,
+    min_side: float | None = None,
     *,
     max_pixels: int | None = None,
 ) -> np.ndarray:
@@ -137,8 +166,9 @@ def decode_image(
     ``PIL.Image.MAX_IMAGE_PIXELS``, read per call; 0: no limit).
 
     With ``min_side``, a JPEG whose shorter side is at least twice that is decoded
-    downscaled in the DCT domain (by 2, 4 or 8, keeping the shorter side >= ``min_side``):
-    several times faster, and slightly different pixels from a full decode then a resize.
+    downscaled in the DCT domain (by 2, 4 or 8, keeping the shorter side >= ``min_side``,
+    :func:`dct_scale`): several times faster, and other pixels than a full decode then a
+    resize (see :func:`decode_stored` for what a resize of them must take into account).
 
     Complete JPEGs whose header parses go to PyTurboJPEG; everything else, and any JPEG it
     cannot decode cleanly (CMYK, or anything libjpeg-turbo warns about), goes to Pillow,
@@ -148,6 +178,19 @@ def decode_image(
         ValueError: starting with ``name`` when the bytes are not a decodable image;
             :class:`ImageTooLargeError` when it is over the limit.
     """
+    return decode_stored(data, name, min_side, max_pixels=max_pixels).upright()
+
+
+def decode_stored(
+    data: bytes | memoryview,
+    name: str = "",
+    min_side: float | None = None,
+    *,
+    max_pixels: int | None = None,
+) -> StoredImage:
+    """:func:`decode_image` before the EXIF orientation is applied, with the full size and
+    the DCT scale: what the converter resizes, so that the partial last row and column of
+    a scaled decode are still at the bottom and right when it maps them."""
     data = bytes(data)
     if not is_jpeg(data):
         return _decode_pil(data, name, max_pixels=max_pixels)
@@ -170,7 +213,7 @@ def decode_image(
             except OSError:
                 pass  # CMYK, or damaged: Pillow judges
             else:
-                return _orient(pixels, orientation)
+                return StoredImage(pixels, height, width, scale[1], orientation)
     # Pillow reads EXIF (up to the first scan) while opening a JPEG, for DPI, and warns if it
     # is malformed. We have the orientation already, so we hide it ("exif" is not "Exif").
     data = _EXIF_APP1.sub(rb"\1exif", data[:scan]) + data[scan:]
@@ -268,7 +311,7 @@ def _pil_orientation(img: Image.Image) -> int:
     return orientation
 
 
-def _orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
+def orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
     """Turn pixels upright for an EXIF Orientation (other values than 2-8 leave them as they
     are); a C-contiguous copy, as ``torch.from_numpy`` refuses negative strides."""
     if orientation not in range(2, 9):
@@ -306,16 +349,17 @@ def _decode_pil(
     data: bytes,
     name: str,
     orientation: int | None = None,
-    min_side: int | None = None,
+    min_side: float | None = None,
     max_pixels: int | None = None,
-) -> np.ndarray:
+) -> StoredImage:
     """Decode with Pillow, which judges damaged files, after our own size check."""
     try:
         img = _open_pil(data)
-        _check_pixels(*img.size, name, max_pixels)
-        d = dct_scale(*img.size, min_side)[1] if img.format == "JPEG" else 1
+        width, height = img.size
+        _check_pixels(width, height, name, max_pixels)
+        d = dct_scale(width, height, min_side)[1] if img.format == "JPEG" else 1
         if d > 1:  # the same DCT-domain reduction as libjpeg-turbo's scaling factor
-            img.draft(img.mode, (img.width // d, img.height // d))
+            img.draft(img.mode, (width // d, height // d))
         img.load()
     except ImageTooLargeError:
         raise
@@ -323,7 +367,7 @@ def _decode_pil(
         raise ValueError(f"{_prefix(name)}cannot decode image: {e}") from e
     if orientation is None:
         orientation = _pil_orientation(img)
-    return _orient(pil_to_rgb_array(img, name), orientation)
+    return StoredImage(pil_to_rgb_array(img, name), height, width, d, orientation)
 
 
 def pil_to_rgb_array(img: Image.Image, name: str = "") -> np.ndarray:
