@@ -10,14 +10,13 @@ from pathlib import Path
 import click
 
 from convert.cli_dataset import info, verify
-from convert.cli_measure import bench, fail, tune
+from convert.cli_measure import bench, tune
 from convert.options import ON_ERROR, ConvertOptions, default_workers
 from convert.pipeline import ConversionInterrupted, convert_folder
 from convert.planned import EXECUTORS
 from readers import __version__, spec
 from readers.cache import parse_size
 from readers.manifest import load_manifest
-from readers.spec import DatasetError
 
 
 def parse_bytes(text: str) -> int:
@@ -28,7 +27,21 @@ def parse_bytes(text: str) -> int:
         raise click.BadParameter(str(e)) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class ImgpackGroup(click.Group):
+    """The one place where the library's errors become exit codes: a user's mistake or a
+    storage fault (ValueError, as DatasetError and StorageError are, or OSError) is a
+    one-line ``Error: ...`` and exit status 1; with ``imgpack --debug``, the traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (ValueError, OSError) as e:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            raise click.ClickException(str(e)) from e
+
+
+@click.group(cls=ImgpackGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="imgpack")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.pass_context
@@ -210,8 +223,8 @@ def _interrupt(signum: int, frame: object) -> None:
     "--staging",
     type=click.Path(file_okay=False, path_type=Path),
     help="For a DST URL: the local folder each shard is written to before its upload "
-    "(about one shard's space; it holds the journal --resume needs) [default: "
-    "~/.cache/imgpack/staging/<hash of DST>].",
+    "(about one shard's space; the journal --resume needs is in the bucket, so any "
+    "machine can resume) [default: ~/.cache/imgpack/staging/<hash of DST>].",
 )
 @click.option(
     "--progress/--no-progress",
@@ -264,10 +277,7 @@ def convert(
     """
     if classes_file and classes_from:
         raise click.UsageError("--classes and --classes-from exclude each other: choose one")
-    try:
-        classes = _class_list(classes_file, classes_from)
-    except (DatasetError, ValueError) as e:
-        fail(ctx, e)
+    classes = _class_list(classes_file, classes_from)
     options = ConvertOptions(
         format=fmt,
         encoding=encoding,
@@ -303,8 +313,6 @@ def convert(
             ray_address=ray_address,
             staging=staging,
         )
-    except (ValueError, OSError) as e:
-        fail(ctx, e)
     except KeyboardInterrupt as e:  # ConversionInterrupted once the destination is claimed
         done = f": {e}" if isinstance(e, ConversionInterrupted) else ""
         click.echo(

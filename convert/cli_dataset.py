@@ -6,10 +6,8 @@ import json
 
 import click
 
-from convert.cli_measure import fail
 from convert.verify import verify_dataset
 from readers.manifest import Manifest, load_manifest
-from readers.spec import DatasetError
 
 __all__ = ["describe", "info", "verify"]
 
@@ -41,14 +39,10 @@ def describe(manifest: Manifest) -> str:
 @click.command()
 @click.argument("dst")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest itself.")
-@click.pass_context
-def info(ctx: click.Context, dst: str, as_json: bool) -> None:
+def info(dst: str, as_json: bool) -> None:
     """Show what the imgpack dataset at DST (a folder or a URL) holds: format, samples
     per class, shards."""
-    try:
-        manifest = load_manifest(dst)
-    except (DatasetError, ValueError, OSError) as e:
-        fail(ctx, e)
+    manifest = load_manifest(dst)
     click.echo(json.dumps(manifest.to_json(), indent=1) if as_json else describe(manifest))
 
 

@@ -18,10 +18,11 @@ import logging
 import os
 import shutil
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
 
-from convert.journal import ShardEntry
+from convert.journal import ENTRY_PREFIX, ShardEntry
 from convert.options import ConvertOptions, ConvertResult
 from readers import __version__, spec
 from readers.decode import decoder_name
@@ -34,6 +35,7 @@ __all__ = [
     "claim_destination",
     "delete_written",
     "disk_full",
+    "refuse_contents",
     "refuse_dst_in_src",
     "write_errors",
     "write_manifest",
@@ -50,10 +52,12 @@ class DestinationBusy(FileExistsError):
 
 
 class DestinationLock:
-    """Exclusive right to write into a dataset folder, held by this process."""
+    """Exclusive right to write into a dataset folder, held by this process; messages
+    name the folder as ``shown_as`` (a bucket DST's URL, for its staging folder's lock)."""
 
-    def __init__(self, dst: Path) -> None:
+    def __init__(self, dst: Path, shown_as: str | None = None) -> None:
         self.path = dst / spec.LOCK_NAME
+        self.shown_as = shown_as or str(dst)
         self._fd: int | None = None
 
     def holder(self) -> int | None:
@@ -83,7 +87,7 @@ class DestinationLock:
                 pid = _read_pid(fd)
                 os.close(fd)
                 raise DestinationBusy(
-                    f"{self.path.parent}: another imgpack convert (pid {pid}) is writing "
+                    f"{self.shown_as}: another imgpack convert (pid {pid}) is writing "
                     "here; wait for it to finish or stop it first"
                 ) from None
             try:  # the holder may have removed the file before we locked it: retry
@@ -116,8 +120,34 @@ def _read_pid(fd: int) -> int | None:
 def written_by_imgpack(name: str) -> bool:
     """True for the names a conversion writes in its DST (and may delete there)."""
     return name in (spec.MANIFEST_NAME, ERRORS_NAME, spec.LOCK_NAME, spec.JOURNAL_NAME) or (
-        name.startswith((spec.SHARD_PREFIX, spec.TMP_PREFIX))
+        name.startswith((spec.SHARD_PREFIX, spec.TMP_PREFIX, ENTRY_PREFIX))
     )
+
+
+def refuse_contents(where: str, names: Collection[str], overwrite: bool, resume: bool) -> None:
+    """Refuse a DST (a folder, or a bucket's) holding ``names``, its lock aside, that this
+    run may not write into: a non-empty one without ``overwrite`` or ``resume``, or one
+    holding anything imgpack did not write."""
+    foreign = sorted(n for n in names if not written_by_imgpack(n))
+    if names and not (overwrite or resume):
+        what = (
+            "an interrupted conversion"
+            if spec.JOURNAL_NAME in names
+            else "a dataset"
+            if spec.MANIFEST_NAME in names
+            else "other files"
+            if foreign
+            else "files of an earlier conversion"
+        )
+        raise FileExistsError(
+            f"{where}: folder is not empty (holds {what}): pass --resume to finish an "
+            "interrupted conversion or --overwrite to replace it"
+        )
+    if foreign:
+        raise FileExistsError(
+            f"{where}: holds files imgpack did not write ({', '.join(foreign[:3])}); "
+            "refusing to write there: choose an empty or new DST"
+        )
 
 
 def delete_written(dst: Path, keep: set[str]) -> None:
@@ -142,26 +172,7 @@ def claim_destination(dst: Path, overwrite: bool, resume: bool) -> DestinationLo
     if (dst / spec.LOCK_NAME).exists():
         lock.acquire()  # raises DestinationBusy while another run holds it
     try:
-        foreign = sorted(p.name for p in existing if not written_by_imgpack(p.name))
-        if existing and not (overwrite or resume):
-            what = (
-                "an interrupted conversion"
-                if (dst / spec.JOURNAL_NAME).exists()
-                else "a dataset"
-                if (dst / spec.MANIFEST_NAME).exists()
-                else "other files"
-                if foreign
-                else "files of an earlier conversion"
-            )
-            raise FileExistsError(
-                f"{dst}: folder is not empty (holds {what}): pass --resume to finish an "
-                "interrupted conversion or --overwrite to replace it"
-            )
-        if foreign:
-            raise FileExistsError(
-                f"{dst}: holds files imgpack did not write ({', '.join(foreign[:3])}); "
-                "refusing to write there: choose an empty or new DST"
-            )
+        refuse_contents(str(dst), [p.name for p in existing], overwrite, resume)
     except BaseException:
         lock.release()
         raise

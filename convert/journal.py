@@ -7,6 +7,11 @@ skipped on the way and each sample's content digest. ``--resume`` keeps the shar
 entries are intact and whose files still verify, and starts again after the last one, so
 the resumed dataset is the one an uninterrupted run writes. A torn last line (a kill
 mid-write) is ignored: its shard is redone.
+
+:class:`Journal` keeps it in a local DST as one file; a bucket DST keeps it beside its
+shards (``convert.remote.RemoteJournal``, one object per entry named by
+:func:`entry_name`), so that ``--resume`` works from any machine. Both are a
+:class:`JournalStore`.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from convert.scan import Sample
 from convert.writers import Record
@@ -27,17 +32,25 @@ from convert.writers.base import file_sha256
 from readers import spec
 
 __all__ = [
+    "ENTRY_PREFIX",
+    "JOURNAL_VERSION",
     "Journal",
+    "JournalStore",
     "Ledger",
+    "Publish",
     "ShardEntry",
     "Tally",
+    "entry_name",
     "fold_sample",
+    "parse_header",
     "resumable_entries",
     "same_options",
+    "shard_files",
     "source_fingerprint",
 ]
 
 JOURNAL_VERSION = 1
+ENTRY_PREFIX = ".imgpack-journal-"  # a remote journal's entry objects: entry_name()
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +72,9 @@ def source_fingerprint(samples: Sequence[Sample]) -> str:
 class ShardEntry:
     """One completed shard as the journal records it; ``end`` is the position in the
     sample list where the next shard starts, ``source`` the fingerprint of the sample list
-    up to there (what a resume must find unchanged), ``errors`` the files skipped on the way."""
+    up to there (what a resume must find unchanged), ``errors`` the files skipped on the way;
+    ``stored``, for a bucket DST, the size and the store's checksum of each uploaded file
+    (what a resume compares without downloading it)."""
 
     shard: spec.ShardInfo
     end: int
@@ -68,6 +83,7 @@ class ShardEntry:
     per_class: dict[int, int] = field(default_factory=dict)
     shapes: list[list[int]] = field(default_factory=list)
     digests: bytes = b""
+    stored: dict[str, list[Any]] = field(default_factory=dict)  # name -> [size, checksum]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +94,7 @@ class ShardEntry:
             "per_class": {str(k): v for k, v in self.per_class.items()},
             "shapes": self.shapes,
             "digests": self.digests.hex(),
+            "stored": self.stored,
         }
 
     @classmethod
@@ -90,6 +107,7 @@ class ShardEntry:
             per_class={int(k): int(v) for k, v in raw["per_class"].items()},
             shapes=[list(s) for s in raw["shapes"]],
             digests=bytes.fromhex(raw["digests"]),
+            stored=dict(raw.get("stored", {})),
         )
 
     def verifies(self, dst: Path) -> bool:
@@ -107,11 +125,57 @@ class ShardEntry:
             return False
 
 
+def shard_files(shard: spec.ShardInfo) -> list[str]:
+    """The names of a shard's files: the shard, then its sidecars."""
+    return [shard.path, *(shard.path + suffix for suffix in shard.sidecars)]
+
+
+def entry_name(shard: spec.ShardInfo) -> str:
+    """The name of a remote journal's entry object for ``shard``."""
+    return f"{ENTRY_PREFIX}{shard.path}.json"
+
+
+def parse_header(text: str, where: str) -> dict[str, Any]:
+    """A journal's first line, checked; DatasetError naming ``where`` if it is not one."""
+    try:
+        header = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise spec.DatasetError(f"{where}: unreadable journal: {e}") from e
+    if not isinstance(header, dict) or header.get("journal_version") != JOURNAL_VERSION:
+        raise spec.DatasetError(f"{where}: unknown journal version")
+    return header
+
+
+class JournalStore(Protocol):
+    """Where a conversion's journal is kept: a local file, or objects in the bucket."""
+
+    @property
+    def location(self) -> str: ...
+
+    def exists(self) -> bool: ...
+
+    def start(self, header: dict[str, Any], entries: Sequence[ShardEntry] = ()) -> None: ...
+
+    def append(self, entry: ShardEntry) -> None: ...
+
+    def load(self) -> tuple[dict[str, Any], list[ShardEntry]]: ...
+
+    def remove(self) -> None: ...
+
+
 class Journal:
-    """Append-only record of a conversion's completed shards (see the module docstring)."""
+    """Append-only record of a conversion's completed shards in a local DST (see the
+    module docstring)."""
 
     def __init__(self, dst: Path) -> None:
         self.path = dst / spec.JOURNAL_NAME
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    def exists(self) -> bool:
+        return self.path.exists()
 
     def start(self, header: dict[str, Any], entries: Sequence[ShardEntry] = ()) -> None:
         """Write a fresh journal holding ``header`` and ``entries`` (atomically)."""
@@ -135,12 +199,7 @@ class Journal:
         """The header and the intact entries, in order (stopping at a torn line)."""
         with open(self.path, encoding="utf-8") as f:
             lines = f.read().split("\n")
-        try:
-            header = json.loads(lines[0])
-        except json.JSONDecodeError as e:
-            raise spec.DatasetError(f"{self.path}: unreadable journal: {e}") from e
-        if header.get("journal_version") != JOURNAL_VERSION:
-            raise spec.DatasetError(f"{self.path}: unknown journal version")
+        header = parse_header(lines[0], self.location)
         entries = []
         for line in lines[1:]:
             try:
@@ -154,29 +213,32 @@ class Journal:
 
 
 def resumable_entries(
-    dst: Path,
+    journal: JournalStore,
     options: dict[str, Any],
     samples: Sequence[Sample],
-    verifies: Callable[[ShardEntry], bool] | None = None,
+    verifies: Callable[[ShardEntry], bool],
 ) -> list[ShardEntry]:
-    """The completed shards of an interrupted run into ``dst`` that this run can keep: in
-    order, as long as each still verifies (``verifies``; by default its files in ``dst``)
-    and the source files up to its end (paths and labels; a file removed after the bad one
-    that stopped the run is fine) are unchanged."""
-    journal = Journal(dst)
-    if not journal.path.exists():
+    """The completed shards of an interrupted run that this run can keep: in order, with
+    no gap, as long as each still ``verifies`` (its files are the ones recorded) and the
+    source files up to its end (paths and labels; a file removed after the bad one that
+    stopped the run is fine) are unchanged."""
+    if not journal.exists():
         return []
     started, entries = journal.load()
-    same_options(journal.path, started.get("options", {}), options)
+    same_options(journal.location, started.get("options", {}), options)
     kept: list[ShardEntry] = []
     source = hashlib.sha256()
     for entry in entries:
-        for sample in samples[kept[-1].end if kept else 0 : entry.end]:
+        start = kept[-1].end if kept else 0
+        if entry.end - start != entry.shard.samples + len(entry.errors):
+            log.warning("no journal entry before %s: redoing from there", entry.shard.path)
+            break
+        for sample in samples[start : entry.end]:
             fold_sample(source, sample)
         if entry.end > len(samples) or source.hexdigest() != entry.source:
             log.warning("source files before %s changed: redoing from there", entry.shard.path)
             break
-        if not (verifies(entry) if verifies else entry.verifies(dst)):
+        if not verifies(entry):
             log.warning("%s does not verify: redoing from there", entry.shard.path)
             break
         kept.append(entry)
@@ -213,12 +275,18 @@ class Tally:
         self.per_class[record.label] += 1
         self.shapes.add(shape)
 
-    def entry(self, shard: spec.ShardInfo, end: int, source: str) -> ShardEntry:
+    def entry(
+        self, shard: spec.ShardInfo, end: int, source: str, stored: dict[str, list[Any]]
+    ) -> ShardEntry:
         """The journal entry of ``shard``, complete with these tallies."""
         shapes = [list(s) for s in sorted(self.shapes)[:2]]  # two tell "variable" apart
-        return ShardEntry(
-            shard, end, source, self.errors, dict(self.per_class), shapes, bytes(self.digests)
-        )
+        per_class, digests = dict(self.per_class), bytes(self.digests)
+        return ShardEntry(shard, end, source, self.errors, per_class, shapes, digests, stored)
+
+
+Publish = Callable[[spec.ShardInfo], dict[str, list[Any]]]
+"""Where a completed shard goes before it is journaled (an upload, for a bucket DST);
+returns what :attr:`ShardEntry.stored` records."""
 
 
 class Ledger:
@@ -228,10 +296,10 @@ class Ledger:
 
     def __init__(
         self,
-        journal: Journal,
+        journal: JournalStore,
         kept: list[ShardEntry],
         samples: list[Sample],
-        publish: Callable[[spec.ShardInfo], None] | None = None,
+        publish: Publish | None = None,
     ) -> None:
         self.journal = journal
         self.publish = publish  # where a completed shard goes before it is journaled
@@ -256,9 +324,8 @@ class Ledger:
     def completed(self, shard: spec.ShardInfo, end: int) -> None:
         """``shard`` is in place and ends before position ``end``: publish it (an upload,
         for a remote DST), then journal it."""
-        if self.publish is not None:
-            self.publish(shard)
-        entry = self._tally.entry(shard, end, self._source.hexdigest())
+        stored = self.publish(shard) if self.publish is not None else {}
+        entry = self._tally.entry(shard, end, self._source.hexdigest(), stored)
         self.entries.append(entry)
         self.journal.append(entry)
         self._tally = Tally()

@@ -39,6 +39,7 @@ from convert.journal import (
     ShardEntry,
     resumable_entries,
     same_options,
+    shard_files,
     source_fingerprint,
 )
 from convert.options import (
@@ -53,7 +54,7 @@ from convert.scan import Sample, Scan, scan_source
 from convert.writers import WRITERS, Layout, Record, ShardedOutput
 from readers import spec
 from readers.manifest import load_manifest
-from readers.storage import is_url, local_path
+from readers.storage import StorageError, is_url, local_path
 
 __all__ = ["BadInputError", "ConversionInterrupted", "WorkerDiedError", "convert_folder"]
 
@@ -122,47 +123,36 @@ def convert_folder(
     if remote is None:
         refuse_dst_in_src(src, dst)
     workers = workers or default_workers()
-    scan = scan_source(
-        src,
-        include_hidden=options.include_hidden,
-        classes=options.classes,
-        labels_file=Path(options.labels_file) if options.labels_file else None,
-        unlabeled=options.unlabeled,
-    )
-    samples = scan.samples
-    if options.shuffle:
-        order = list(range(len(samples)))
-        random.Random(options.seed).shuffle(order)
-        samples = [samples[i] for i in order]
-    if on_error == "fail" and scan.problems:
-        raise _bad_input(scan.problems[0], resumable=False)
-    header = {
-        "options": json.loads(json.dumps(asdict(options))),
-        "source_fingerprint": source_fingerprint(samples),
-        "classes": scan.classes,
-    }
-    plan = ShardPlan.of(options, samples) if executor == "ray" else None
-    if plan is not None:
-        header["plan"] = plan.header()
-
-    lock = claim_destination(dst, overwrite, resume)
+    ours = remote is not None or not dst.exists()  # a folder this run may remove if empty
+    # The destination first: a busy, forbidden or missing one is refused before the scan,
+    # which takes minutes on ImageNet.
+    lock = remote.claim(overwrite, resume) if remote else claim_destination(dst, overwrite, resume)
     try:
-        if remote is not None:
-            remote.check(overwrite, resume)
+        scan, samples = _scan(src, options)
+        if on_error == "fail" and scan.problems:
+            raise _bad_input(scan.problems[0], resumable=False)
+        header = {
+            "options": json.loads(json.dumps(asdict(options))),
+            "source_fingerprint": source_fingerprint(samples),
+            "classes": scan.classes,
+        }
+        plan = ShardPlan.of(options, samples) if executor == "ray" else None
+        if plan is not None:
+            header["plan"] = plan.header()
         complete = remote.is_complete() if remote else (dst / spec.MANIFEST_NAME).is_file()
         if resume and complete:
             return _already_complete(dst, header, remote)
-        verifies = remote.verifies if remote else None
+        journal = remote.journal if remote else Journal(dst)
+        verifies = remote.verifies if remote else lambda entry: entry.verifies(dst)
         if not resume:
             kept = []
         elif plan is not None:
-            kept = resumable_planned(dst, header, plan, verifies)
+            kept = resumable_planned(journal, header, plan, verifies)
         else:
-            kept = resumable_entries(dst, header["options"], samples, verifies)
-        journal = Journal(dst)
+            kept = resumable_entries(journal, header["options"], samples, verifies)
         delete_written(dst, keep={spec.LOCK_NAME, *_files_of(kept)})
         if remote is not None:
-            remote.keep_only(set(_files_of(kept)))
+            remote.keep_only(kept)
         journal.start(header, kept)
         fingerprint = header["source_fingerprint"]
         job = _Job(
@@ -175,16 +165,33 @@ def convert_folder(
             result = _run(job, Ledger(journal, kept, samples, publish))
     finally:
         lock.release()
-        if remote is not None and remote.staging.is_dir() and not any(remote.staging.iterdir()):
-            remote.staging.rmdir()  # refused, or failed before writing anything
+        if ours and dst.is_dir() and not any(dst.iterdir()):
+            dst.rmdir()  # refused, or failed before writing anything
     if remote is not None:
         shutil.rmtree(remote.staging, ignore_errors=True)  # (after the lock inside it)
         result.dst = remote.url
     return result
 
 
+def _scan(src: Path, options: ConvertOptions) -> tuple[Scan, list[Sample]]:
+    """The source's samples, in writing order (shuffled when asked)."""
+    scan = scan_source(
+        src,
+        include_hidden=options.include_hidden,
+        classes=options.classes,
+        labels_file=Path(options.labels_file) if options.labels_file else None,
+        unlabeled=options.unlabeled,
+    )
+    samples = scan.samples
+    if options.shuffle:
+        order = list(range(len(samples)))
+        random.Random(options.seed).shuffle(order)
+        samples = [samples[i] for i in order]
+    return scan, samples
+
+
 def _files_of(entries: list[ShardEntry]) -> list[str]:
-    return [e.shard.path + s for e in entries for s in ["", *e.shard.sidecars]]
+    return [name for e in entries for name in shard_files(e.shard)]
 
 
 def _bad_input(error: dict[str, str], resumable: bool) -> BadInputError:
@@ -295,6 +302,9 @@ def _finish(
             ) from e
         if isinstance(e, KeyboardInterrupt) and not isinstance(e, ConversionInterrupted):
             raise ConversionInterrupted(len(done), sum(x.shard.samples for x in done)) from e
+        if isinstance(e, StorageError) and job.remote is not None and done:
+            uploaded = f"{len(done)} shard(s) are uploaded: rerun with --resume"
+            raise StorageError(f"{e}; {uploaded}", url=e.url, cause=e.cause) from e
         raise
     ledger.journal.remove()
     return result

@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convert.journal import Journal, ShardEntry, Tally, same_options, source_fingerprint
+from convert.journal import (
+    JournalStore,
+    Publish,
+    ShardEntry,
+    Tally,
+    same_options,
+    source_fingerprint,
+)
 from convert.options import DEFAULT_SHARD_SIZE, ConvertOptions
 from convert.process import Prepared
 from convert.scan import Sample
@@ -169,10 +176,10 @@ class PlannedLedger:
 
     def __init__(
         self,
-        journal: Journal,
+        journal: JournalStore,
         plan: ShardPlan,
         kept: list[ShardEntry],
-        publish: Callable[[spec.ShardInfo], None] | None = None,
+        publish: Publish | None = None,
     ) -> None:
         self.journal = journal
         self.plan = plan
@@ -202,10 +209,9 @@ class PlannedLedger:
         if outcome.shard is None:  # not journaled: a resume reads its bad files again
             self._empty[index] = outcome.tally.errors
             return
-        if self.publish is not None:
-            self.publish(outcome.shard)
+        stored = self.publish(outcome.shard) if self.publish is not None else {}
         end = self.plan.span(index).stop
-        entry = outcome.tally.entry(outcome.shard, end, self.plan.fingerprints[index])
+        entry = outcome.tally.entry(outcome.shard, end, self.plan.fingerprints[index], stored)
         self._done[index] = entry
         self.journal.append(entry)
 
@@ -225,28 +231,28 @@ class PlannedLedger:
 
 
 def resumable_planned(
-    dst: Path,
+    journal: JournalStore,
     header: dict[str, Any],
     plan: ShardPlan,
-    verifies: Callable[[ShardEntry], bool] | None = None,
+    verifies: Callable[[ShardEntry], bool],
 ) -> list[ShardEntry]:
-    """The shards of an interrupted planned run into ``dst`` that this run can keep: every
-    journaled one that is in this plan (same slice of an unchanged sample list) and that
-    verifies (``verifies``; by default its files in ``dst``), in order."""
-    journal = Journal(dst)
-    if not journal.path.exists():
+    """The shards of an interrupted planned run that this run can keep: every journaled
+    one that is in this plan (same slice of an unchanged sample list) and that
+    ``verifies`` (its files are the ones recorded), in order."""
+    if not journal.exists():
         return []
     started, entries = journal.load()
-    same_options(journal.path, started.get("options", {}), header["options"])
+    same_options(journal.location, started.get("options", {}), header["options"])
     if started.get("plan") != header["plan"]:
-        log.warning("%s: another executor or shard size wrote it: redoing every shard", dst)
+        where = journal.location
+        log.warning("%s: another executor or shard size wrote it: redoing every shard", where)
         return []
     kept: dict[int, ShardEntry] = {}
     for entry in entries:
         index = plan.index_of(entry)
         if index is None:
             log.warning("source files of %s changed: redoing it", entry.shard.path)
-        elif not (verifies(entry) if verifies else entry.verifies(dst)):
+        elif not verifies(entry):
             log.warning("%s does not verify: redoing it", entry.shard.path)
         else:
             kept.setdefault(index, entry)

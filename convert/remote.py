@@ -1,33 +1,94 @@
 """An object-store DST (``s3://bucket/prefix``, anything fsspec reaches).
 
-The run writes into a local staging folder exactly as into a local DST (the same lock,
-shards renamed into place when complete, the same journal), and each completed shard with
-its sidecars is uploaded, then deleted locally, *before* the journal records it: a shard
-the journal names is in the bucket, whole. ``errors.jsonl`` and then ``imgpack.json`` go up
-last, so a reader never sees a partial dataset. Staging therefore holds about one shard.
+The run is claimed before the source is scanned: the bucket must exist, the folder must
+be one this run may write (empty, or ``--resume``/``--overwrite``), and a local staging
+folder is locked. Shards are written into the staging folder exactly as into a local DST
+(renamed into place when complete); each completed shard with its sidecars is uploaded,
+then deleted locally, *before* the journal records it: a shard the journal names is in the
+bucket, whole. ``errors.jsonl`` and then ``imgpack.json`` go up last, so a reader never
+sees a partial dataset. Staging therefore holds about one shard.
 
-``--resume`` needs the staging folder's journal, so it runs where the interrupted run ran
-(or with the same ``--staging``); it keeps the journaled shards still in the bucket at
-their recorded size and uploads the rest. Without the journal it starts again.
+The journal lives in the bucket beside the shards (:class:`RemoteJournal`): a header object
+written when the run starts and one object per completed shard, written after its upload.
+So ``--resume`` works from any machine, or after the staging folder is lost (a spot
+instance's disk): it keeps every journaled shard whose objects still have the recorded
+size and the store's checksum (the ETag, for S3; nothing is downloaded) and uploads the
+rest. Nothing stops two machines from writing one DST at once: the staging lock is local.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from convert.destination import ERRORS_NAME, written_by_imgpack
-from convert.journal import ShardEntry
+from convert.destination import ERRORS_NAME, DestinationLock, refuse_contents
+from convert.journal import (
+    ENTRY_PREFIX,
+    JOURNAL_VERSION,
+    ShardEntry,
+    entry_name,
+    parse_header,
+    shard_files,
+)
 from readers import spec
 from readers.cache import ShardCache
 from readers.storage import RemoteFolder
 
-__all__ = ["RemoteDestination"]
+__all__ = ["RemoteDestination", "RemoteJournal"]
+
+log = logging.getLogger(__name__)
+
+
+class RemoteJournal:
+    """The journal of a conversion into a bucket, kept there: the header as
+    ``spec.JOURNAL_NAME`` and each entry as its own object (:func:`entry_name`). An object
+    is stored whole or not at all, so no entry is ever torn."""
+
+    def __init__(self, folder: RemoteFolder) -> None:
+        self.folder = folder
+
+    @property
+    def location(self) -> str:
+        return self.folder.url_of(spec.JOURNAL_NAME)
+
+    def exists(self) -> bool:
+        return self.folder.size(spec.JOURNAL_NAME) is not None
+
+    def start(self, header: dict[str, Any], entries: Sequence[ShardEntry] = ()) -> None:
+        """Write the header; ``entries`` (kept from an earlier run) are in the bucket
+        already, read from it, and :meth:`RemoteDestination.keep_only` kept them."""
+        line = json.dumps({"journal_version": JOURNAL_VERSION, **header}) + "\n"
+        self.folder.write(spec.JOURNAL_NAME, line.encode())
+
+    def append(self, entry: ShardEntry) -> None:
+        self.folder.write(entry_name(entry.shard), json.dumps(entry.to_json()).encode())
+
+    def load(self) -> tuple[dict[str, Any], list[ShardEntry]]:
+        """The header and the entries that parse, in sample order."""
+        header = parse_header(self.folder.read(spec.JOURNAL_NAME).decode(), self.location)
+        found = self.folder.read_many(self._entry_names())
+        entries = []
+        for name, data in found.items():
+            try:
+                entries.append(ShardEntry.from_json(json.loads(data)))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                log.warning("%s: unreadable journal entry: its shard is redone", name)
+        return header, sorted(entries, key=lambda e: e.end)
+
+    def remove(self) -> None:
+        self.folder.delete([spec.JOURNAL_NAME, *self._entry_names()])
+
+    def _entry_names(self) -> list[str]:
+        return [n for n in self.folder.names() if n.startswith(ENTRY_PREFIX)]
 
 
 class RemoteDestination:
-    """The bucket folder a conversion writes, and the local folder it stages in."""
+    """The bucket folder a conversion writes, its journal, and the local folder it stages in."""
 
     def __init__(
         self,
@@ -36,6 +97,7 @@ class RemoteDestination:
         staging: str | os.PathLike[str] | None = None,
     ) -> None:
         self.folder = RemoteFolder(url, storage_options)
+        self.journal = RemoteJournal(self.folder)
         default = ShardCache().folder_for("staging", self.folder.url)
         self.staging = Path(staging or default).absolute()
 
@@ -43,44 +105,63 @@ class RemoteDestination:
     def url(self) -> str:
         return self.folder.url
 
-    def check(self, overwrite: bool, resume: bool) -> None:
-        """Refuse, before anything is written, a folder this run may not write into; with
-        ``overwrite``, delete what an earlier conversion wrote there."""
-        names = self.folder.names()
-        foreign = [n for n in names if not written_by_imgpack(n)]
-        if names and not (overwrite or resume):
-            what = "a dataset" if spec.MANIFEST_NAME in names else "other files"
-            raise FileExistsError(
-                f"{self.url}: not empty (holds {what}): pass --resume to finish an "
-                "interrupted conversion or --overwrite to replace it"
-            )
-        if foreign:
-            raise FileExistsError(
-                f"{self.url}: holds objects imgpack did not write ({', '.join(foreign[:3])}); "
-                "refusing to write there: choose an empty or new DST"
-            )
-        if overwrite:
-            self.folder.delete(names)
+    def claim(self, overwrite: bool, resume: bool) -> DestinationLock:
+        """Lock the staging folder and refuse, before anything is written or scanned, a
+        DST this run may not write into: a missing bucket, a non-empty folder without
+        ``overwrite`` or ``resume``, objects imgpack did not write. What an earlier run
+        left in the staging folder is this run's to clear, never a reason to refuse."""
+        self.staging.mkdir(parents=True, exist_ok=True)
+        lock = DestinationLock(self.staging, shown_as=self.url)
+        lock.acquire()  # raises DestinationBusy while another run here holds it
+        try:
+            if not self.folder.bucket_exists():
+                raise FileNotFoundError(
+                    f"{self.url}: no bucket {self.folder.bucket!r}: create it first, or "
+                    "check the URL and AWS_ENDPOINT_URL"
+                )
+            refuse_contents(self.url, self.folder.names(), overwrite, resume)
+        except BaseException:
+            lock.release()
+            with contextlib.suppress(OSError):
+                self.staging.rmdir()  # made just now, and empty
+            raise
+        return lock
 
     def is_complete(self) -> bool:
         return self.folder.size(spec.MANIFEST_NAME) is not None
 
-    def keep_only(self, keep: set[str]) -> None:
-        """Delete the shards an interrupted run uploaded but did not journal."""
-        self.folder.delete([n for n in self.folder.names() if n not in keep])
+    def keep_only(self, kept: list[ShardEntry]) -> None:
+        """Delete what an earlier run wrote, except the ``kept`` shards and their journal
+        entries: the manifest first, so that no reader sees a dataset losing its shards."""
+        keep = {spec.JOURNAL_NAME}
+        for entry in kept:
+            keep |= {*shard_files(entry.shard), entry_name(entry.shard)}
+        doomed = [n for n in self.folder.names() if n not in keep]
+        if spec.MANIFEST_NAME in doomed:
+            self.folder.delete([spec.MANIFEST_NAME])
+        self.folder.delete([n for n in doomed if n != spec.MANIFEST_NAME])
 
-    def publish(self, shard: spec.ShardInfo) -> None:
-        """Upload a completed shard and its sidecars, then free their staging space."""
-        for name in (shard.path, *(shard.path + s for s in shard.sidecars)):
+    def publish(self, shard: spec.ShardInfo) -> dict[str, list[Any]]:
+        """Upload a completed shard and its sidecars, then free their staging space;
+        returns each object's size and checksum in the store, for the journal."""
+        stored: dict[str, list[Any]] = {}
+        for name in shard_files(shard):
             self.folder.upload(self.staging / name, name)
             (self.staging / name).unlink()
+            stat = self.folder.stat(name)
+            if stat is None:
+                raise FileNotFoundError(f"{self.folder.url_of(name)}: missing just after upload")
+            stored[name] = list(stat)
+        return stored
 
     def verifies(self, entry: ShardEntry) -> bool:
-        """A journaled shard is still in the bucket at its recorded size (re-hashing would
-        download it; uploads are whole objects, so a size mismatch is a changed file)."""
-        shard = entry.shard
-        sidecars = [self.folder.size(shard.path + s) for s in shard.sidecars]
-        return self.folder.size(shard.path) == shard.bytes and None not in sidecars
+        """A journaled shard is still in the bucket as uploaded: every object at its
+        recorded size and store checksum (re-hashing would download it)."""
+        recorded = entry.stored
+        return all(
+            name in recorded and self.folder.stat(name) == tuple(recorded[name])
+            for name in shard_files(entry.shard)
+        )
 
     def finish(self) -> None:
         """Upload the errors file and then the manifest, which marks the dataset complete."""

@@ -26,6 +26,7 @@ from readers import DATASETS, spec
 from readers.base import ImageDataset, ShardReader
 from readers.decode import decode_image
 from readers.manifest import Manifest, load_manifest
+from readers.storage import StorageError
 
 __all__ = ["Problem", "VerifyReport", "verify_dataset"]
 
@@ -59,10 +60,13 @@ class VerifyReport:
 def verify_dataset(
     root: str | os.PathLike[str], deep: bool = False, progress: bool | None = None
 ) -> VerifyReport:
-    """Check the dataset at ``root``; every problem found is in the report, none raised."""
+    """Check the dataset at ``root``; every problem found is in the report, none raised
+    but a StorageError (the store could not be reached: the check did not happen)."""
     report = VerifyReport(root, deep=deep)
     try:
         manifest = load_manifest(root)
+    except StorageError:
+        raise  # nothing was checked: no problem of the dataset's
     except (spec.DatasetError, ValueError, OSError) as e:
         report.problems.append(Problem(f"{root}/{spec.MANIFEST_NAME}", str(e)))
         return report
@@ -129,6 +133,8 @@ def _cached(dataset: ImageDataset, k: int, report: VerifyReport) -> bool:
     """For a remote dataset, shard ``k`` copied into the local cache to be checked there."""
     try:
         dataset.cache_shard(k)
+    except StorageError:
+        raise
     except (spec.DatasetError, OSError) as e:
         report.problems.append(Problem(f"{dataset.manifest.location}/shard {k}", str(e)))
         return False

@@ -34,6 +34,7 @@ from readers.pt import PtDataset
 from readers.registry import DATASETS, open_dataset
 from readers.sampler import EpochSampler
 from readers.spec import DatasetError
+from readers.storage import StorageError
 from readers.stream import WdsStream
 from readers.tune import tune_loader
 from readers.wds import WdsDataset
@@ -52,6 +53,7 @@ __all__ = [
     "PtDataset",
     "RandomResizedCrop",
     "SampleBatch",
+    "StorageError",
     "WaitMeter",
     "WdsDataset",
     "WdsStream",

@@ -3,7 +3,8 @@
 The converter writes it last (:meth:`Manifest.write`); ``info``, ``verify``, ``--resume``
 and every reader start from it and read its fields as attributes. The names and layouts it
 refers to are :mod:`readers.spec`'s. A dataset at a URL is read through fsspec
-(:mod:`readers.storage`), its shards copied into :mod:`readers.cache`'s folder.
+(:mod:`readers.storage`, whose StorageError says why a store could not be reached), its
+shards copied into :mod:`readers.cache`'s folder.
 """
 
 from __future__ import annotations
@@ -198,10 +199,13 @@ def _load_remote_manifest(
                 f"{url}: incomplete dataset (shards but no {MANIFEST_NAME}): a conversion "
                 "into it is running or was interrupted (rerun it with --resume)"
             ) from None
-        what = f"not an imgpack dataset (no {MANIFEST_NAME})" if names else "no such dataset"
+        if names:
+            what = f"not an imgpack dataset (no {MANIFEST_NAME})"
+        elif not remote.bucket_exists():
+            what = f"no such dataset (no bucket {remote.bucket!r})"
+        else:
+            what = "no such dataset"
         raise DatasetError(f"{url}: {what}") from None
-    except OSError as e:
-        raise DatasetError(f"{where}: cannot read: {e}") from e
     try:
         raw = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -1,40 +1,93 @@
 """A real S3-compatible server (moto's) on a free loopback port, for tests and benchmarks.
 
-``with local_s3_server(bucket) as endpoint:`` starts it in a subprocess, points every S3
+``with local_s3_server(bucket) as server:`` starts it in a subprocess, points every S3
 client of this process and its children at it (``AWS_ENDPOINT_URL`` and dummy
 credentials), creates ``bucket``, and stops it and restores the environment on exit.
+``server.stop()`` stops it early (a storage outage); ``server.enforce_permissions(...)``
+makes it check every request against IAM users it creates, as AWS does.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import IO
 
 import fsspec
 
 from readers.storage import RemoteFolder
 
-__all__ = ["local_s3_server"]
+__all__ = ["S3Server", "free_port", "local_s3_server"]
 
 STARTUP_S = 30
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nothing listens on (for a server, or for an unreachable endpoint)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+@dataclass
+class S3Server:
+    """A running moto server: its endpoint URL and process."""
+
+    endpoint: str
+    process: subprocess.Popen
+
+    def stop(self) -> None:
+        """Stop the server (a no-op once stopped): every request then fails to connect."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+    def enforce_permissions(self, users: dict[str, list[str]]) -> dict[str, dict[str, str]]:
+        """Create an IAM user allowed exactly the S3 actions listed for each name, then make
+        the server authenticate and authorize every request from now on (moto's
+        ``/moto-api/reset-auth``); the dummy credentials stop working. Returns each user's
+        ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``."""
+        import boto3  # installed with moto
+
+        iam = boto3.client("iam", endpoint_url=self.endpoint)
+        keys = {}
+        for name, actions in users.items():
+            iam.create_user(UserName=name)
+            if actions:
+                statement = {"Effect": "Allow", "Action": actions, "Resource": "*"}
+                policy = {"Version": "2012-10-17", "Statement": [statement]}
+                iam.put_user_policy(
+                    UserName=name, PolicyName="only", PolicyDocument=json.dumps(policy)
+                )
+            key = iam.create_access_key(UserName=name)["AccessKey"]
+            keys[name] = {
+                "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+                "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+            }
+        request = urllib.request.Request(
+            f"{self.endpoint}/moto-api/reset-auth",
+            data=b"0",  # unauthenticated requests left: none
+            method="POST",
+            headers={"Content-Type": "text/plain"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+        fsspec.get_filesystem_class("s3").clear_instance_cache()
+        return keys
+
+
 @contextlib.contextmanager
-def local_s3_server(bucket: str) -> Iterator[str]:
-    port = _free_port()
+def local_s3_server(bucket: str) -> Iterator[S3Server]:
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     env = {
         "AWS_ENDPOINT_URL": endpoint,
@@ -44,24 +97,24 @@ def local_s3_server(bucket: str) -> Iterator[str]:
     }
     saved = {k: os.environ.get(k) for k in env}
     with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        server = S3Server(endpoint, process)
         os.environ.update(env)
         # fsspec keeps one S3 filesystem per set of options: one made for an earlier server
         # (its endpoint read from the environment then) must not be reused.
         s3 = fsspec.get_filesystem_class("s3")
         s3.clear_instance_cache()
         try:
-            _wait_for(server, port, log)
+            _wait_for(process, port, log)
             RemoteFolder(f"s3://{bucket}").fs.mkdir(bucket)
-            yield endpoint
+            yield server
         finally:
             s3.clear_instance_cache()
-            server.terminate()
-            server.wait(timeout=10)
+            server.stop()
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
