@@ -122,8 +122,14 @@ def _batches(loader: Any) -> Iterator[Any]:
 
 
 def _timed(batches: Iterator[Any], seconds: float, step_s: float) -> tuple[int, float, float]:
-    """Samples, elapsed seconds and seconds spent waiting over at least ``seconds`` and 5
-    batches, sleeping ``step_s`` after each (the model's compute, GIL released)."""
+    """Samples, elapsed seconds and mean seconds waited per batch over at least ``seconds``
+    and 5 batches, sleeping ``step_s`` after each (the model's compute, GIL released).
+
+    One batch and step go untimed first: every worker has started, and the queue a run
+    before emptied has refilled as it does between training steps (timed, its first wait
+    was a whole batch's load, a fifth of the mean over 5 batches)."""
+    next(batches)
+    time.sleep(step_s)
     samples, waited, count = 0, 0.0, 0
     start = time.perf_counter()
     while count < 5 or time.perf_counter() - start < seconds:
@@ -143,7 +149,6 @@ def loader_rate(loader: Any, seconds: float = 0.5) -> tuple[float, float, Iterat
     batches = _batches(loader)
     next(batches)
     first_ms = 1000 * (time.perf_counter() - start)
-    next(batches)  # one more before timing: every worker has started
     samples, elapsed, _ = _timed(batches, seconds, 0.0)
     return samples / elapsed, first_ms, batches
 

@@ -232,6 +232,17 @@ def test_tune_with_a_step_time_stops_at_the_first_setting_that_keeps_up(converte
     assert kwargs in [t.kwargs() for t in tune.candidate_settings()]
 
 
+def test_the_wait_is_timed_once_the_queue_has_refilled():
+    def drained_then_ready():  # a worker pool whose queue the rate run just emptied
+        time.sleep(0.05)
+        while True:
+            yield torch.zeros(4, 3), torch.zeros(4)
+
+    samples, _, wait_s = tune._timed(drained_then_ready(), 0.0, 0.01)
+    assert samples == 5 * 4
+    assert wait_s < 0.005  # timed, the first batch alone made it 10 ms (50 ms / 5)
+
+
 def test_tune_recommends_the_least_wait_when_nothing_keeps_up():
     fast = tune.Trial(tune.Setting(2, 1, 2, False), 900.0, 50.0, 5.0, 1.2)
     cheap = tune.Trial(tune.Setting(0, 1, None, False), 400.0, 5.0, 30.0, 0.5)
