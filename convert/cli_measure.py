@@ -14,6 +14,7 @@ from convert import bench_report as report
 from readers import tune as tuning
 from readers.crop import CenterCrop
 from readers.manifest import load_manifest
+from readers.measure import WAIT_SHARE, keeps_up
 from readers.spec import DatasetError
 from readers.storage import is_url
 
@@ -171,16 +172,16 @@ def verdict(best: tuning.Trial, step_ms: float) -> str:
     """One line on whether loading is the bottleneck, from the wait measured with ``best``
     (the recommended setting) while a ``step_ms`` step ran after each batch."""
     wait, share = best.wait_ms or 0.0, (best.wait_ms or 0.0) / step_ms
-    if tuning.keeps_up(best.wait_ms, step_ms):
+    if keeps_up(best.wait_ms, step_ms):
         return (
             f"loading is not the bottleneck: with {best.setting} the training loop waited "
             f"{wait:.1f} ms per {step_ms:g} ms step ({100 * share:.1f} %; up to "
-            f"{100 * tuning.WAIT_SHARE:g} % counts as keeping up), so the sweep stopped there."
+            f"{100 * WAIT_SHARE:g} % counts as keeping up), so the sweep stopped there."
         )
     overlap = " (without workers, loading does not overlap the step)"
     return (
         f"loading IS the bottleneck: the least wait measured was {wait:.1f} ms per "
-        f"{step_ms:g} ms step ({100 * share:.0f} %, over the {100 * tuning.WAIT_SHARE:g} % "
+        f"{step_ms:g} ms step ({100 * share:.0f} %, over the {100 * WAIT_SHARE:g} % "
         f"that counts as keeping up), with {best.setting}, which loads "
         f"{best.ratio or 0:.2f}x as fast as the model computes"
         f"{overlap if not best.setting.num_workers else ''}. Consider a cheaper encoding "
@@ -205,7 +206,7 @@ def recommended_call(path: Path, batch_size: int, crop: int | None, best: tuning
     type=click.FloatRange(min=0, min_open=True),
     help="Your model's compute time per batch, in ms. Each setting is then also measured "
     "with a step of that length after every batch: loading is not the bottleneck when the "
-    f"training loop waits at most {100 * tuning.WAIT_SHARE:g} % of the step for the next "
+    f"training loop waits at most {100 * WAIT_SHARE:g} % of the step for the next "
     "batch (the loader's rate alone cannot say: without workers loading does not overlap "
     "the step), and the sweep stops at the cheapest setting that does.",
 )

@@ -8,8 +8,9 @@ For each it measures samples/s, the time to the first batch (what
 batch (``step_ms``), the mean time the training loop waits for each batch while a step
 runs after it. The verdict is that measured wait, not the rate: without workers loading
 does not overlap compute, so a loader 3.8x as fast as the model still leaves it waiting a
-quarter of every step. A setting keeps up when the wait is at most ``WAIT_SHARE`` (5 %) of
-the step; the sweep stops at the cheapest that does.
+quarter of every step. A setting keeps up when the wait is at most
+:data:`readers.measure.WAIT_SHARE` (5 %) of the step (:func:`readers.measure.keeps_up`,
+the stall meter's rule too); the sweep stops at the cheapest that does.
 """
 
 from __future__ import annotations
@@ -28,13 +29,12 @@ from readers.batch import collate_any
 from readers.crop import Crop
 from readers.loader import make_loader
 from readers.manifest import load_manifest
+from readers.measure import WAIT_SHARE, keeps_up
 
 __all__ = [
-    "WAIT_SHARE",
     "Setting",
     "Trial",
     "candidate_settings",
-    "keeps_up",
     "loader_rate",
     "measure",
     "recommend",
@@ -42,7 +42,6 @@ __all__ = [
     "tune_loader",
 ]
 
-WAIT_SHARE = 0.05  # waiting at most this share of each step: loading is not the bottleneck
 SAME = 0.05  # rates within this fraction count as equal (prefer the cheaper setting)
 
 
@@ -86,13 +85,6 @@ class Trial:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "setting": self.setting.kwargs()}
-
-
-def keeps_up(wait_ms: float | None, step_ms: float) -> bool:
-    """Whether a loader that made the training loop wait ``wait_ms`` per batch, with
-    ``step_ms`` of compute after each, is not the bottleneck: the wait is at most
-    ``WAIT_SHARE`` of the step (what the GPU loses), whatever the loader's rate."""
-    return wait_ms is not None and wait_ms <= WAIT_SHARE * step_ms
 
 
 def candidate_settings(cpus: int | None = None, cuda: bool | None = None) -> list[Setting]:
@@ -211,7 +203,8 @@ def sweep(
     crop: Crop | None = None,
 ) -> list[Trial]:
     """Measure ``settings`` (default: :func:`candidate_settings`) in order, page cache
-    warmed first; with ``step_ms``, stop at the first that :func:`keeps_up`."""
+    warmed first; with ``step_ms``, stop at the first that keeps up
+    (:func:`readers.measure.keeps_up`)."""
     warm_page_cache(source)
     trials = []
     for setting in settings or candidate_settings():
@@ -224,9 +217,10 @@ def sweep(
 
 
 def recommend(trials: list[Trial], step_ms: float | None = None) -> Trial:
-    """With ``step_ms``: the first (cheapest) trial that :func:`keeps_up`, else the
-    cheapest whose wait is within ``WAIT_SHARE`` of a step of the least wait. Without:
-    the cheapest whose rate is within ``SAME`` of the fastest."""
+    """With ``step_ms``: the first (cheapest) trial that keeps up
+    (:func:`readers.measure.keeps_up`), else the cheapest whose wait is within
+    ``WAIT_SHARE`` of a step of the least wait. Without: the cheapest whose rate is within
+    ``SAME`` of the fastest."""
     waited = [(t.wait_ms, t) for t in trials if t.wait_ms is not None]
     if step_ms and waited:
         enough = [t for wait, t in waited if keeps_up(wait, step_ms)]

@@ -24,6 +24,7 @@ from convert.cli import main
 from convert.cli_measure import verdict
 from convert.scan import scan_folder
 from readers import spec, tune
+from readers.measure import WAIT_SHARE, WaitReport, keeps_up
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -178,10 +179,10 @@ def test_tune_refuses_what_is_not_a_dataset_in_one_line_before_any_table(tmp_pat
 
 
 def test_keeps_up_is_the_measured_wait_not_the_rate():
-    assert tune.WAIT_SHARE == 0.05
-    assert not tune.keeps_up(10.4, 40)  # the run: 3.8x, yet 26 % of every step
-    assert tune.keeps_up(2.0, 40) and tune.keeps_up(0.0, 40)
-    assert not tune.keeps_up(2.01, 40) and not tune.keeps_up(None, 40)
+    assert WAIT_SHARE == 0.05
+    assert not keeps_up(10.4, 40)  # the run: 3.8x, yet 26 % of every step
+    assert keeps_up(2.0, 40) and keeps_up(0.0, 40)
+    assert not keeps_up(2.01, 40) and not keeps_up(None, 40)
     fast_in_process = tune.Trial(tune.Setting(0, 2, None, False), 6080.0, 12.0, 10.4, 3.8)
     workers = tune.Trial(tune.Setting(2, 1, 2, False), 3200.0, 110.0, 0.4, 2.0)
     assert tune.recommend([fast_in_process, workers], step_ms=40) is workers
@@ -203,7 +204,7 @@ def test_tune_does_not_clear_a_fast_loader_that_leaves_the_loop_waiting(converte
     (trial,) = tune.sweep(root, 4, step_ms=200, seconds=0.05, settings=[in_process], transform=slow)
     assert trial.ratio >= 1.5  # ~9x: the old rate rule (1.5x) called this "not the bottleneck"
     assert trial.wait_ms >= 20  # the whole load, in every step: 10 % of it at least
-    assert not tune.keeps_up(trial.wait_ms, 200)
+    assert not keeps_up(trial.wait_ms, 200)
     assert tune.recommend([trial], 200) is trial
     assert verdict(trial, 200).startswith("loading IS the bottleneck")
 
@@ -274,6 +275,15 @@ def test_measure_wait_reports_an_injected_delay():
         time.sleep(0.01)
     assert quick.report()["wait_fraction"] < 0.1
     assert "keeps up" in str(quick.report())
+
+
+def test_the_stall_meter_judges_by_the_same_rule_as_tune():
+    figures = {"batches": 100, "seconds": 10.0, "batches_per_s": 10.0, "wait_ms_p50": 1.0,
+               "wait_ms_p99": 9.0, "first_batch_ms": 200.0}  # fmt: skip
+    seven = WaitReport(figures, wait_fraction=0.07)  # 7.5 % of the compute time
+    assert "the data pipeline is the bottleneck" in str(seven)
+    assert "keeps up" in str(WaitReport(figures, wait_fraction=0.04))  # 4.2 %
+    assert keeps_up(0.04, 0.96) and not keeps_up(0.07, 0.93)
 
 
 def test_device_prefetcher_on_the_cpu_equals_the_plain_conversion(converted):
