@@ -8,6 +8,7 @@ lazily in each process, decodes, and serves whole batches through ``__getitems__
 
 from __future__ import annotations
 
+import operator
 import os
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
+import numpy.random  # see below
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
@@ -30,6 +32,11 @@ from readers.spec import DatasetError, StorageKind
 from readers.storage import RemoteFolder
 
 __all__ = ["ImageDataset", "ShardReader"]
+
+# numpy.random is imported here, in the training process, because every DataLoader worker
+# calls np.random.seed first thing: under NumPy 2 that attribute is a lazy import, and an
+# import in a child forked from a threaded parent (the decode threads) can die of CPython's
+# import-lock KeyError (python/cpython#87712), seen here as "worker exited unexpectedly".
 
 Transform = Callable[[torch.Tensor], Any]
 
@@ -103,6 +110,9 @@ class ImageDataset(Dataset):
     Images are ``torch.uint8`` ``[3, H, W]`` RGB views of HWC storage (channels-last
     memory); labels are ``int`` class indices as torchvision's ``ImageFolder`` gives them.
     Nothing is opened until first use in each process, and nothing open is pickled.
+    Every path (``ds[i]``, ``__getitems__``, ``crop=``, ``decode=False``) checks each
+    sample as :mod:`readers.checks` says, and fails alike: a ``DatasetError`` naming
+    ``shard[index]``.
     """
 
     format: ClassVar[str]
@@ -216,13 +226,27 @@ class ImageDataset(Dataset):
             self._samples = [(self.source_path(i), y) for i, y in enumerate(self.targets)]
         return self._samples
 
+    @property
+    def imgs(self) -> list[tuple[str, int]]:
+        """:attr:`samples`, under the alias ``ImageFolder`` also gives it."""
+        return self.samples
+
     # --- internals ----------------------------------------------------------------------
-    def _locate(self, index: int) -> tuple[int, int]:
-        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+    def _locate(self, index: Any) -> tuple[int, int]:
+        """Shard and local index of ``index``: an int, a NumPy integer, or a 0-d integer
+        tensor or array (what ``Subset`` over a tensor of indices passes)."""
+        dtype = getattr(index, "dtype", None)
+        boolean = isinstance(index, bool) or dtype in (torch.bool, np.bool_)
+        try:
+            if boolean or getattr(index, "ndim", 0) != 0:
+                raise TypeError
+            index = operator.index(index)
+        except TypeError:
+            kind = type(index).__name__ + (f" of {dtype}" if dtype is not None else "")
             raise TypeError(
-                f"{self.root}: indices must be integers, not {type(index).__name__} "
+                f"{self.root}: indices must be integers, not {kind} "
                 "(for a subset, use torch.utils.data.Subset(ds, indices))"
-            )
+            ) from None
         n = len(self)
         position = index + n if index < 0 else index
         if not 0 <= position < n:

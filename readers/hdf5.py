@@ -3,7 +3,8 @@
 On-disk layout (names in ``readers.spec``): dataset ``images``, either uint8
 ``[N, H, W, 3]`` chunked one sample per chunk (raw pixels of one shape) or variable-length
 uint8 ``[N]`` (encoded bytes, or flattened raw pixels with ``shapes`` int64 ``[N, 3]``);
-``labels`` int64 ``[N]``; ``paths`` variable-length UTF-8 strings (a name that is not
+``labels`` int64 ``[N]``; for encoded samples ``crcs`` uint32 ``[N]``, each sample's
+CRC-32, checked on every read; ``paths`` variable-length UTF-8 strings (a name that is not
 valid UTF-8 keeps its bytes, read back through ``surrogateescape``); file attributes
 ``classes``, ``encoding`` and ``imgpack_format_version``. Optional gzip/lzf compression is
 transparent to h5py. The file is opened read-only once per process.
@@ -17,6 +18,7 @@ import torch
 
 from readers import spec
 from readers.base import ImageDataset
+from readers.checks import SampleCrcs
 from readers.spec import DatasetError, Layout, StorageKind
 
 __all__ = ["Hdf5Dataset"]
@@ -33,9 +35,11 @@ class Hdf5Shard:
             self._paths = self._file[spec.H5_PATHS].asstr(errors="surrogateescape")
             variable = layout.kind is StorageKind.VARIABLE_PIXELS
             self._shapes = self._file[spec.H5_SHAPES][()] if variable else None
+            crcs = self._file[spec.H5_CRCS][()] if spec.H5_CRCS in self._file else None
         except (OSError, KeyError, TypeError) as e:  # TypeError: paths are not strings
             raise DatasetError(f"{path}: not a valid imgpack HDF5 file: {e}") from e
         self._path = path
+        self._crcs = SampleCrcs(crcs, path, len(self.labels))
         self._vlen = self._images.ndim == 1
         self._file_bytes: np.memmap | None = None
         images = self._images
@@ -58,6 +62,7 @@ class Hdf5Shard:
             return value
         if self._shapes is not None:
             return value.reshape(self._shapes[i])
+        self._crcs.check(i, value)
         return value.tobytes()
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:

@@ -4,7 +4,8 @@ On-disk layout (names in ``readers.spec``): one LMDB file per shard (``subdir=Fa
 key ``SAMPLE_KEY`` (10 ASCII digits, so key order is index order) per sample whose value
 is the stored bytes (encoded image, or raw HWC pixels); metadata keys ``__labels__``
 (int64 little-endian), ``__shapes__`` (int64 ``[N, 3]``, raw pixels of varying shape) and
-``__paths__`` (JSON list; ASCII with ``\\u`` escapes, so that a name that is not valid UTF-8
+``__crcs__`` (uint32 little-endian, each encoded sample's CRC-32, checked on every
+read), ``__paths__`` (JSON list; ASCII with ``\\u`` escapes, so that a name that is not valid UTF-8
 keeps its bytes as surrogate escapes). Opened read-only without locking once per process;
 the labels (and shapes) are NumPy arrays, the paths are read on first use into a
 :class:`readers.paths.PathTable`.
@@ -22,6 +23,7 @@ import torch
 
 from readers import spec
 from readers.base import ImageDataset
+from readers.checks import SampleCrcs
 from readers.paths import PathTable
 from readers.spec import DatasetError, Layout, StorageKind
 
@@ -70,14 +72,20 @@ class LmdbShard:
         self._shape = layout.shape
         if layout.kind is StorageKind.VARIABLE_PIXELS:
             self._shapes = np.frombuffer(self._get(spec.LMDB_SHAPES), dtype="<i8").reshape(-1, 3)
+        crcs = self._find(spec.LMDB_CRCS)  # absent for raw pixels and older shards
+        crcs_array = None if crcs is None else np.frombuffer(crcs, dtype="<u4")
+        self._crcs = SampleCrcs(crcs_array, path, len(self.labels))
         self._paths: PathTable | None = None
 
-    def _get(self, key: bytes) -> bytes:
+    def _find(self, key: bytes) -> bytes | None:
         try:
             with self._env.begin() as txn:
-                value = txn.get(key)
+                return txn.get(key)
         except lmdb.Error as e:  # a damaged page (MDB_CORRUPTED, MDB_PAGE_NOTFOUND)
             raise DatasetError(f"{self._path}: cannot read key {key.decode()!r}: {e}") from e
+
+    def _get(self, key: bytes) -> bytes:
+        value = self._find(key)
         if value is None:
             raise DatasetError(f"{self._path}: missing key {key.decode()!r}")
         return value
@@ -85,6 +93,7 @@ class LmdbShard:
     def read(self, i: int) -> bytes | np.ndarray:
         value = self._get(spec.SAMPLE_KEY.format(i).encode())
         if not self._raw:
+            self._crcs.check(i, value)
             return value
         shape = self._shape if self._shape is not None else self._shapes[i]
         return np.frombuffer(bytearray(value), dtype=np.uint8).reshape(shape)

@@ -4,7 +4,8 @@ On-disk layout (names in ``readers.spec``): ``images`` uint8 ``[N, H, W, 3]`` wh
 sample is raw pixels of one shape; otherwise ``data`` uint8 (samples back to back) with
 ``offsets`` int64 ``[N + 1]`` and, for raw pixels, ``shapes`` int64 ``[N, 3]``. Always
 ``labels`` int64 ``[N]`` and ``paths``/``path_offsets`` (UTF-8 source paths; a name that
-is not valid UTF-8 keeps its bytes, read back through ``surrogateescape``). Each shard
+is not valid UTF-8 keeps its bytes, read back through ``surrogateescape``); for encoded
+samples ``crcs`` int64 ``[N]``, each sample's CRC-32, checked on every read. Each shard
 is opened once per process with ``torch.load(mmap=True, weights_only=True)``: no pickle
 code runs, and reads are slices of the page cache, not whole-file loads.
 """
@@ -16,6 +17,7 @@ import torch
 
 from readers import spec
 from readers.base import ImageDataset
+from readers.checks import SampleCrcs
 from readers.spec import DatasetError, Layout, StorageKind
 
 __all__ = ["PtDataset"]
@@ -43,6 +45,8 @@ class PtShard:
             self._offsets = self._get(spec.PT_OFFSETS).numpy()
             variable = layout.kind is StorageKind.VARIABLE_PIXELS
             self._shapes = tensors[spec.PT_SHAPES].numpy() if variable else None
+        crcs = tensors.get(spec.PT_CRCS)
+        self._crcs = SampleCrcs(None if crcs is None else crcs.numpy(), path, len(self.labels))
 
     def _get(self, key: str) -> torch.Tensor:
         try:
@@ -57,6 +61,7 @@ class PtShard:
         chunk = self._data[self._offsets[i] : self._offsets[i + 1]]
         if self._shapes is not None:
             return chunk.reshape(self._shapes[i]).copy()
+        self._crcs.check(i, chunk)
         return memoryview(chunk)
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ __all__ = [
     "ShardInfo",
     "StorageKind",
     "content_sha256",
+    "sample_crc",
     "sample_digest",
     "shard_name",
 ]
@@ -48,6 +50,12 @@ UNLABELED = -1
 # Per-sample key: fixed width so that lexicographic key order is index order (LMDB, tar).
 SAMPLE_KEY = "{:010d}"
 
+# Encoded samples (jpeg, original) carry the CRC-32 of their stored bytes (sample_crc),
+# written at conversion and checked by every read path: a JPEG with damaged entropy-coded
+# data often still decodes. Raw pixels carry none (a check would cost several times the
+# batch gather; see docs/FORMATS.md). Shards written before these existed have none either:
+# readers check what a shard records.
+
 # pt: a dict of tensors saved with torch.save, loaded with weights_only=True, mmap=True.
 PT_IMAGES = "images"  # uint8 [N, H, W, 3] when every sample is raw with one shape
 PT_DATA = "data"  # uint8 [total bytes]: encoded bytes or flattened raw pixels, back to back
@@ -56,12 +64,14 @@ PT_SHAPES = "shapes"  # int64 [N, 3]: per-sample H, W, C for raw pixels of varyi
 PT_LABELS = "labels"  # int64 [N]
 PT_PATHS = "paths"  # uint8 [total bytes]: UTF-8 source paths, back to back (surrogateescape)
 PT_PATH_OFFSETS = "path_offsets"  # int64 [N + 1]
+PT_CRCS = "crcs"  # int64 [N]: sample_crc of each encoded sample
 
 # hdf5: datasets in the root group; class names and encoding as file attributes.
 H5_IMAGES = "images"  # uint8 [N, H, W, 3] (one chunk per sample) or vlen uint8 [N]
 H5_SHAPES = "shapes"  # int64 [N, 3] when raw pixels vary in shape
 H5_LABELS = "labels"  # int64 [N]
 H5_PATHS = "paths"  # vlen UTF-8 str [N]; bytes that are not UTF-8 kept (surrogateescape)
+H5_CRCS = "crcs"  # uint32 [N]: sample_crc of each encoded sample
 H5_ATTR_CLASSES = "classes"
 H5_ATTR_ENCODING = "encoding"
 H5_ATTR_VERSION = "imgpack_format_version"
@@ -71,6 +81,7 @@ H5_ATTR_VERSION = "imgpack_format_version"
 LMDB_LABELS = b"__labels__"  # int64 little-endian [N]
 LMDB_SHAPES = b"__shapes__"  # int64 little-endian [N, 3], raw pixels only
 LMDB_PATHS = b"__paths__"  # ASCII JSON list of N source paths (\udcXX: bytes not UTF-8)
+LMDB_CRCS = b"__crcs__"  # uint32 little-endian [N]: sample_crc of each encoded sample
 
 # wds: members KEY.<ext> (image), KEY.cls (label as ASCII digits), KEY.path.txt (source
 # path); beside each tar an index for random access, SHARD.tar + WDS_INDEX_SUFFIX.
@@ -82,6 +93,7 @@ WDS_INDEX_SUFFIX = ".idx.json"
 # The index: a JSON object of per-sample lists, in this order (data offset and size of
 # the image member, its extension, label, source path).
 WDS_INDEX_COLUMNS = ("offsets", "sizes", "exts", "labels", "paths")
+WDS_CRC_COLUMN = "crcs"  # after them, for encoded samples: sample_crc of each image member
 
 
 class DatasetError(ValueError):
@@ -104,6 +116,12 @@ def sample_digest(label: int, path: str, data: bytes | memoryview | np.ndarray) 
     digest = hashlib.sha256(f"{label}\0{path}\0{kind}\0".encode("utf-8", "surrogateescape"))
     digest.update(payload)
     return digest.digest()
+
+
+def sample_crc(data: bytes | memoryview | np.ndarray) -> int:
+    """CRC-32 of an encoded sample's stored bytes, as the shard records it (about 2 GB/s:
+    a percent or two of decoding the same JPEG)."""
+    return zlib.crc32(data)
 
 
 def content_sha256(digests: Iterable[bytes]) -> str:

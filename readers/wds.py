@@ -17,7 +17,6 @@ the sample is raw, and the paths as one blob, :class:`readers.paths.PathTable`):
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from typing import Any
@@ -27,6 +26,7 @@ import torch
 
 from readers import spec
 from readers.base import ImageDataset
+from readers.checks import SampleCrcs, npy_pixels
 from readers.paths import PathTable
 from readers.spec import DatasetError
 from readers.storage import RemoteFolder
@@ -57,6 +57,13 @@ def parse_index(data: bytes, where: str, tar_size: int) -> dict[str, list[Any]]:
             raise ValueError("columns of different lengths")
         for k, entry in enumerate(zip(*columns, strict=True)):
             _check_index_entry(k, *entry, tar_size)
+        crcs = index.get(spec.WDS_CRC_COLUMN)  # absent for raw pixels and older indexes
+        if crcs is not None and not (
+            isinstance(crcs, list)
+            and len(crcs) == len(columns[0])
+            and all(type(c) is int and 0 <= c < 1 << 32 for c in crcs)
+        ):
+            raise ValueError(f"{spec.WDS_CRC_COLUMN!r} is not one CRC-32 per sample")
     except (ValueError, KeyError, TypeError) as e:  # (UnicodeDecodeError, JSONDecodeError)
         raise DatasetError(f"{where}: missing or invalid tar index: {e}") from e
     return index
@@ -76,21 +83,12 @@ def _check_index_entry(
         raise ValueError(f"sample {k}: invalid extension, label or path")
 
 
-def _npy_to_array(data: bytes, name: str) -> np.ndarray:
-    try:
-        array = np.load(io.BytesIO(data), allow_pickle=False)
-    except ValueError as e:
-        raise DatasetError(f"{name}: invalid .npy sample: {e}") from e
-    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
-        raise DatasetError(f"{name}: .npy sample is {array.dtype}{array.shape}, not uint8 HxWx3")
-    return array
-
-
 class WdsShard:
-    """A tar shard read by offset through its index."""
+    """A tar shard read by offset through its index; ``shape`` is the dataset's fixed
+    ``[H, W, 3]`` of raw pixels, if it has one."""
 
-    def __init__(self, path: str) -> None:
-        self._path = path
+    def __init__(self, path: str, shape: tuple[int, int, int] | None = None) -> None:
+        self._path, self._shape = path, shape
         self._fd: int | None = os.open(path, os.O_RDONLY)
         self._set_index(read_index(path, os.fstat(self._fd).st_size))
 
@@ -100,27 +98,46 @@ class WdsShard:
         self._raw = np.asarray([ext == spec.WDS_RAW_EXT for ext in index["exts"]], dtype=bool)
         self._paths = PathTable(index["paths"])
         self.labels = np.asarray(index["labels"], dtype=np.int64)
+        crcs = index.get(spec.WDS_CRC_COLUMN)
+        crcs_array = None if crcs is None else np.asarray(crcs, dtype=np.int64)
+        self._crcs = SampleCrcs(crcs_array, self._path, len(self.labels))
+        self._npy_headers: set[bytes] = set()  # .npy headers npy_pixels accepted here
 
-    def read(self, i: int) -> bytes | np.ndarray:
+    def _checked(self, i: int, data: bytes) -> bytes | np.ndarray:
+        """Sample ``i``'s member bytes as its value, after the checks every path applies."""
+        if self._raw[i]:
+            pixels = npy_pixels(data, f"{self._path}[{i}]", self._shape)
+            self._npy_headers.add(data[: len(data) - pixels.nbytes])
+            return pixels
+        self._crcs.check(i, data)
+        return data
+
+    def _member(self, i: int) -> bytes:
         size = int(self._sizes[i])
         data = os.pread(self._fd, size, int(self._offsets[i]))
         if len(data) != size:  # the index was checked at open: the tar shrank since
-            raise DatasetError(f"{self._path}: sample {i} lies past the end of the file")
-        if self._raw[i]:
-            return _npy_to_array(data, f"{self._path}[{i}]")
+            raise DatasetError(f"{self._path}[{i}]: sample lies past the end of the file")
         return data
 
+    def read(self, i: int) -> bytes | np.ndarray:
+        return self._checked(i, self._member(i))
+
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
-        # The pixels are the last bytes of each .npy member: read them straight into the row.
+        # The pixels are the last bytes of each .npy member: read them straight into the
+        # row, and the header beside them, which must be one read() accepted in this shard.
         rows = out.numpy().reshape(len(idx), -1)
         row_bytes = rows.shape[1]
         for row, i in enumerate(idx.tolist()):
             offset, size = int(self._offsets[i]), int(self._sizes[i])
-            if not self._raw[i] or size < row_bytes:
-                raise DatasetError(f"{self._path}: sample {i} is not a raw sample of this shape")
-            got = os.preadv(self._fd, [rows[row]], offset + size - row_bytes)
-            if got != row_bytes:
-                raise DatasetError(f"{self._path}: sample {i} lies past the end of the file")
+            header = bytearray(max(size - row_bytes, 0))
+            if self._raw[i] and header:
+                got = os.preadv(self._fd, [header, rows[row]], offset)
+                if got == size and bytes(header) in self._npy_headers:
+                    continue
+            value = self.read(i)  # a header not seen yet, or damage: judged as read() does
+            if not isinstance(value, np.ndarray) or value.size != row_bytes:
+                raise DatasetError(f"{self._path}[{i}]: not a raw sample of this shape")
+            rows[row] = value.reshape(-1)
 
     def read_many(self, indices: list[int]) -> list[bytes | np.ndarray]:
         """Samples ``indices`` as :meth:`read` gives each (ascending order reads fastest)."""
@@ -138,8 +155,14 @@ class RangedWdsShard(WdsShard):
     """A tar shard in object storage, read through its index by byte ranges (requests for
     nearby samples merged, and run concurrently): no local copy of the tar is made."""
 
-    def __init__(self, remote: RemoteFolder, name: str, tar_size: int) -> None:
-        self._path, self._fd = remote.url_of(name), None
+    def __init__(
+        self,
+        remote: RemoteFolder,
+        name: str,
+        tar_size: int,
+        shape: tuple[int, int, int] | None = None,
+    ) -> None:
+        self._path, self._fd, self._shape = remote.url_of(name), None, shape
         self._remote, self._name = remote, name
         index_name = name + spec.WDS_INDEX_SUFFIX
         try:
@@ -156,10 +179,7 @@ class RangedWdsShard(WdsShard):
         blobs = self._remote.read_ranges(
             self._name, starts.tolist(), (starts + self._sizes[indices]).tolist()
         )
-        return [
-            _npy_to_array(data, f"{self._path}[{i}]") if self._raw[i] else data
-            for i, data in zip(indices, blobs, strict=True)
-        ]
+        return [self._checked(i, data) for i, data in zip(indices, blobs, strict=True)]
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
         rows, indices = out.numpy().reshape(len(idx), -1), idx.tolist()
@@ -185,5 +205,5 @@ class WdsDataset(ImageDataset):
     def open_shard(self, index: int) -> WdsShard:
         if self._remote is not None and self.byte_ranges:
             info = self.manifest.shards[index]
-            return RangedWdsShard(self._remote, info.path, info.bytes)
-        return WdsShard(str(self.manifest.shard_path(index)))
+            return RangedWdsShard(self._remote, info.path, info.bytes, self.manifest.layout.shape)
+        return WdsShard(str(self.manifest.shard_path(index)), self.manifest.layout.shape)

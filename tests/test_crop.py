@@ -4,6 +4,7 @@ Pillow fallback, and damaged samples named."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import shutil
@@ -17,7 +18,7 @@ from PIL import Image
 
 import readers
 from convert import ConvertOptions, convert_folder
-from readers import decode, jpeg_batch
+from readers import decode, jpeg_batch, spec
 from readers.fused import dct_factor
 from readers.tune import Setting, sweep
 from readers.wds import read_index
@@ -216,8 +217,12 @@ def test_damaged_sample_raises_dataset_error_naming_it(converted, tmp_path, dama
     offset, size = index["offsets"][1], index["sizes"][1]
     if damage == "header":
         data[offset + 3 : offset + size] = bytes(size - 3)  # SOI, then nothing JPEG
-    else:  # markers intact, the scan cut and padded out to the same size
+    else:  # markers intact, the scan cut and padded out to the same size, in a shard
+        # converted before imgpack recorded CRC-32s (which would refuse it unread)
         data[offset + size // 2 : offset + size - 2] = bytes(size - 2 - size // 2)
+        index_path = Path(str(shard) + spec.WDS_INDEX_SUFFIX)
+        del index[spec.WDS_CRC_COLUMN]
+        index_path.write_text(json.dumps(index), encoding="utf-8")
     shard.write_bytes(bytes(data))
     ds = readers.open_dataset(root, crop=readers.RandomResizedCrop(32), decode_threads=2)
     if damage == "header":

@@ -131,6 +131,8 @@ def test_streamed_pt_shard_is_what_torch_save_writes(tmp_path, encoding: str, sh
         expected[spec.PT_DATA], expected[spec.PT_OFFSETS] = concat(
             [r.data.tobytes() if isinstance(r.data, np.ndarray) else r.data for r in records]
         )
+    if encoding != "raw":
+        expected[spec.PT_CRCS] = torch.tensor([spec.sample_crc(r.data) for r in records])
     (tmp_path / "torch").mkdir()
     torch.save(expected, tmp_path / "torch" / "shard.pt")
     assert (tmp_path / "mine" / "shard.pt").read_bytes() == (

@@ -269,8 +269,9 @@ def test_shard_of_random_bytes_is_an_error_naming_it(converted, tmp_path, fmt):
 def test_flipped_byte_in_a_raw_sample_reads_back_with_only_that_value_changed(
     converted, tmp_path, fmt
 ):
-    # No per-read checksum (imgpack verify checks SHA-256): the read neither fails nor
-    # crashes, and the damage stays inside the one sample.
+    # Raw pixels carry no per-sample checksum (imgpack verify checks SHA-256): the read
+    # neither fails nor crashes, and the damage stays inside the one sample
+    # (tests/test_damage_conformance.py: the same on every read path).
     root = copy_dataset(converted(fmt, "raw-fixed"), tmp_path)
     intact = [image.clone() for image, _ in readers.open_dataset(root)]
     flip_middle_byte_of_sample(root, 16)
@@ -280,22 +281,72 @@ def test_flipped_byte_in_a_raw_sample_reads_back_with_only_that_value_changed(
     assert int((intact[16] != damaged[16]).sum()) == 1
 
 
+@pytest.mark.parametrize("case", ["jpeg", "original"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_flipped_byte_in_a_jpeg_sample_decodes_damaged_or_fails_naming_the_sample(
-    converted, tmp_path, fmt
+def test_flipped_byte_in_an_encoded_sample_fails_its_crc_naming_the_sample(
+    converted, tmp_path, fmt, case
 ):
-    # JPEG has no checksum: what the decoder makes of the damaged entropy-coded data is
-    # either an image of the same size or a DatasetError naming shard[index], never a crash.
-    root = copy_dataset(converted(fmt, "jpeg"), tmp_path)
-    shape = readers.open_dataset(root)[16][0].shape
+    # The damaged entropy-coded data of a JPEG often still decodes: the CRC-32 recorded at
+    # conversion refuses it before any decode, and the other samples still read.
+    root = copy_dataset(converted(fmt, case), tmp_path)
     flip_middle_byte_of_sample(root, 16)
     ds = readers.open_dataset(root)
+    shard = ds.manifest.shard_path(0)
+    with pytest.raises(readers.DatasetError, match=rf"^{re.escape(str(shard))}\[16\]: .*CRC-32"):
+        ds[16]
+    with pytest.raises(readers.DatasetError, match=r"CRC-32"):
+        ds.stored(16)  # undecoded too (decode=False and GPU decoding read this)
+    assert ds[15][0].shape[0] == ds[17][0].shape[0] == 3
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shards_without_crcs_are_read_as_before(converted, tmp_path, fmt):
+    # A dataset converted before imgpack recorded CRC-32s reads as it did (the decoder is
+    # then the only judge); the manifest's shard SHA-256 still lets imgpack verify tell.
+    root = copy_dataset(converted(fmt, "jpeg"), tmp_path)
+    shard = readers.load_manifest(root).shard_path(0)
+    drop_crcs(fmt, shard)
+    ds = readers.open_dataset(root)
+    assert [ds[i][1] for i in range(len(ds))] == readers.open_dataset(
+        converted(fmt, "jpeg")
+    ).targets
+    flip_middle_byte_of_sample(root, 16)
     try:
+        ds = readers.open_dataset(root)
         image, _ = ds[16]
-    except readers.DatasetError as e:
-        assert f"{ds.manifest.shard_path(0)}[16]" in str(e)
+    except readers.DatasetError as e:  # the decoder refused it
+        assert "CRC-32" not in str(e) and f"{shard}[16]: " in str(e)
     else:
-        assert image.shape == shape
+        assert image.shape[0] == 3
+
+
+def drop_crcs(fmt: str, shard: Path) -> None:
+    """Remove the CRC-32s from a shard, as imgpack wrote shards before it recorded them."""
+    if fmt == "pt":
+        tensors = torch.load(shard, weights_only=True)
+        del tensors[spec.PT_CRCS]
+        replace_shard(shard.parent, 0, save_pt(tensors))
+    elif fmt == "hdf5":
+        with h5py.File(shard, "r+") as f:
+            del f[spec.H5_CRCS]
+        replace_shard(shard.parent, 0, shard.read_bytes())
+    elif fmt == "lmdb":
+        env = lmdb.open(str(shard), subdir=False, lock=False)
+        with env.begin(write=True) as txn:
+            assert txn.delete(spec.LMDB_CRCS)
+        env.close()
+        replace_shard(shard.parent, 0, shard.read_bytes())
+    else:
+        index_path = Path(str(shard) + spec.WDS_INDEX_SUFFIX)
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+        del index[spec.WDS_CRC_COLUMN]
+        index_path.write_text(json.dumps(index), encoding="utf-8")
+
+
+def save_pt(tensors: dict[str, torch.Tensor]) -> bytes:
+    out = io.BytesIO()
+    torch.save(tensors, out)
+    return out.getvalue()
 
 
 # --- hand-made tars and indexes -------------------------------------------------------------

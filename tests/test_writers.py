@@ -46,7 +46,7 @@ def test_lmdb_keys_sort_in_index_order_then_metadata(converted) -> None:
         env.close()
     samples = [spec.SAMPLE_KEY.format(i).encode() for i in range(32)]
     assert keys[:32] == samples
-    assert set(keys[32:]) == {spec.LMDB_LABELS, spec.LMDB_PATHS}
+    assert set(keys[32:]) == {spec.LMDB_LABELS, spec.LMDB_PATHS, spec.LMDB_CRCS}
 
 
 def test_lmdb_map_grows_past_its_initial_size(tmp_path, monkeypatch) -> None:

@@ -49,6 +49,9 @@ class Hdf5Writer:
         self.shapes = None
         if layout.kind is StorageKind.VARIABLE_PIXELS:
             self.shapes = create(spec.H5_SHAPES, (3,), np.int64, chunks=(_BLOCK, 3))
+        self.crcs = None
+        if layout.kind is StorageKind.ENCODED:
+            self.crcs = create(spec.H5_CRCS, (), np.uint32, chunks=(_BLOCK,))
         self.labels = create(spec.H5_LABELS, (), np.int64, chunks=(_BLOCK,))
         self.paths = create(spec.H5_PATHS, (), h5py.string_dtype("utf-8"), chunks=(_BLOCK,))
         self.pending: list[Record] = []
@@ -64,7 +67,7 @@ class Hdf5Writer:
         if not recs:
             return
         i, j = self.n, self.n + len(recs)
-        for d in (self.images, self.shapes, self.labels, self.paths):
+        for d in (self.images, self.shapes, self.crcs, self.labels, self.paths):
             if d is not None:
                 d.resize(j, axis=0)
         if self.fixed:
@@ -82,6 +85,8 @@ class Hdf5Writer:
             self.images.write_direct(column, dest_sel=np.s_[i:j])
         if self.shapes is not None:
             self.shapes[i:j] = np.array([r.data.shape for r in recs], dtype=np.int64)
+        if self.crcs is not None:
+            self.crcs[i:j] = np.array([spec.sample_crc(r.data) for r in recs], dtype=np.uint32)
         self.labels[i:j] = np.array([r.label for r in recs], dtype=np.int64)
         # Bytes, so that a name that is not valid UTF-8 (surrogate escapes) keeps its bytes.
         self.paths[i:j] = [r.path.encode("utf-8", "surrogateescape") for r in recs]

@@ -49,12 +49,15 @@ class LmdbWriter:
         # not valid UTF-8
         self.paths = JsonList(path, separator=", ")
         self.shapes = Spool(path)  # int64 [N, 3], raw pixels of varying shape
+        self.crcs = Spool(path)  # uint32 [N], encoded samples
 
     def add(self, record: Record) -> None:
         data = record.data
         if isinstance(data, np.ndarray):
             self.shapes.write(np.array(data.shape, dtype="<i8").tobytes())
             data = data.tobytes()
+        else:
+            self.crcs.write(np.array(spec.sample_crc(data), dtype="<u4").tobytes())
         key = spec.SAMPLE_KEY.format(self.n).encode()
         self.n += 1
         self.labels.write(np.array(record.label, dtype="<i8").tobytes())
@@ -90,6 +93,8 @@ class LmdbWriter:
             ]
             if self.layout.kind is StorageKind.VARIABLE_PIXELS:
                 meta.append((spec.LMDB_SHAPES, self.shapes.read()))
+            if self.layout.kind is StorageKind.ENCODED:
+                meta.append((spec.LMDB_CRCS, self.crcs.read()))
             for key, value in meta:
                 self.pending.append((key, value))
                 self.pending_bytes += len(value)
@@ -97,6 +102,6 @@ class LmdbWriter:
             self.env.sync(True)
         finally:
             self.env.close()
-            for spool in (self.labels, self.paths, self.shapes):
+            for spool in (self.labels, self.paths, self.shapes, self.crcs):
                 spool.close()
         return []

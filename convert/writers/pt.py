@@ -47,6 +47,8 @@ class PtWriter:
             if layout.kind is StorageKind.VARIABLE_PIXELS:
                 names.append(spec.PT_SHAPES)
             names += [spec.PT_DATA, spec.PT_OFFSETS]
+        if layout.kind is StorageKind.ENCODED:
+            names.append(spec.PT_CRCS)
         self.spools = {name: Spool(path) for name in names}
         self.n = 0
         self.path_bytes = 0
@@ -77,6 +79,8 @@ class PtWriter:
             self.spools[spec.PT_DATA].write(data)
             self.data_bytes += len(data)
             self._put(spec.PT_OFFSETS, self.data_bytes)
+        if spec.PT_CRCS in self.spools:
+            self._put(spec.PT_CRCS, spec.sample_crc(data))
         self.n += 1
 
     def close(self) -> list[str]:
@@ -90,6 +94,7 @@ class PtWriter:
                 spec.PT_SHAPES: (n, 3),
                 spec.PT_DATA: (self.data_bytes,),
                 spec.PT_OFFSETS: (n + 1,),
+                spec.PT_CRCS: (n,),
             }
             skeleton = {
                 name: torch.empty(

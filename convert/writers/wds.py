@@ -19,6 +19,7 @@ import numpy as np
 from convert.writers.base import Layout, Record
 from convert.writers.spool import JsonList
 from readers import spec
+from readers.spec import StorageKind
 
 __all__ = ["WdsWriter"]
 
@@ -36,7 +37,10 @@ class WdsWriter:
         self.path = path
         self.tar = open(path, "wb")  # noqa: SIM115 (closed in close)
         self.offset = 0
-        self.index = {k: JsonList(path) for k in spec.WDS_INDEX_COLUMNS}
+        columns = spec.WDS_INDEX_COLUMNS
+        if layout.kind is StorageKind.ENCODED:
+            columns += (spec.WDS_CRC_COLUMN,)
+        self.index = {k: JsonList(path) for k in columns}
 
     def _member(self, name: str, data: bytes) -> int:
         """Append one member (what ``TarFile.addfile`` writes); return the offset of its
@@ -66,9 +70,11 @@ class WdsWriter:
         # A name that is not valid UTF-8 keeps its bytes (str with surrogate escapes).
         path = record.path.encode("utf-8", "surrogateescape")
         self._member(f"{record.key}.{spec.WDS_PATH_EXT}", path)
-        entry = (offset, len(data), ext, record.label, record.path)
-        for name, value in zip(spec.WDS_INDEX_COLUMNS, entry, strict=True):
-            self.index[name].append(value)
+        entry = [offset, len(data), ext, record.label, record.path]
+        if spec.WDS_CRC_COLUMN in self.index:
+            entry.append(spec.sample_crc(data))
+        for column, value in zip(self.index.values(), entry, strict=True):
+            column.append(value)
 
     def close(self) -> list[str]:
         try:

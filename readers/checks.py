@@ -1,0 +1,102 @@
+"""The per-sample checks every read path applies: the CRC-32 a shard records for each of its
+encoded samples (:func:`readers.spec.sample_crc`), compared with the bytes just read, and
+the header of a raw ``wds`` sample's ``.npy`` member.
+
+Each format's shard reader checks in its ``read`` (the wds readers also in ``read_many`` and
+``read_pixels``), which ``ds[i]``, ``__getitems__``, ``crop=``, the stream and ``imgpack
+verify`` all go through, so that a damaged sample is the same ``DatasetError`` naming
+``shard[index]`` whichever path reads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+
+import numpy as np
+
+from readers.spec import DatasetError, sample_crc
+
+__all__ = ["SampleCrcs", "npy_pixels"]
+
+
+class SampleCrcs:
+    """One shard's recorded CRC-32s, or none (raw pixels, or a shard written before
+    imgpack recorded them): then :meth:`check` accepts anything."""
+
+    __slots__ = ("_crcs", "_where")
+
+    def __init__(self, crcs: np.ndarray | None, where: str, samples: int) -> None:
+        if crcs is not None and (crcs.shape != (samples,) or crcs.dtype.kind not in "iu"):
+            raise DatasetError(
+                f"{where}: {crcs.dtype}{list(crcs.shape)} CRC-32s for {samples} samples"
+            )
+        self._crcs = None if crcs is None else crcs.astype(np.int64, copy=False)
+        self._where = where
+
+    def check(self, i: int, data: bytes | memoryview | np.ndarray) -> None:
+        """Raise DatasetError naming ``shard[i]`` unless ``data`` has sample ``i``'s CRC."""
+        if self._crcs is None:
+            return
+        actual, recorded = sample_crc(data), int(self._crcs[i])
+        if actual != recorded:
+            raise DatasetError(
+                f"{self._where}[{i}]: stored bytes fail their CRC-32 ({actual:08x}, recorded "
+                f"{recorded:08x}): damaged since the conversion (imgpack verify names the shard)"
+            )
+
+
+def npy_pixels(data: bytes, where: str, shape: tuple[int, int, int] | None) -> np.ndarray:
+    """The uint8 HWC pixels of a raw ``.npy`` sample (a writable copy), after checking its
+    header as strictly as the writer writes it: format version, dtype, C order, 3
+    channels, the dataset's fixed ``shape`` where it has one, and exactly the pixel bytes
+    the shape needs (NumPy alone loads a header that claims fewer from the same bytes).
+
+    Raises:
+        DatasetError: naming ``where`` (the shard and index) and what is wrong.
+    """
+    header, length = _npy_header(bytes(data[: _npy_header_length(data)]))
+    if isinstance(header, str):
+        raise DatasetError(f"{where}: invalid .npy sample: {header}")
+    dims, fortran, dtype = header
+    if dtype != np.uint8 or fortran or len(dims) != 3 or dims[2] != 3:
+        order = "Fortran-order " if fortran else ""
+        raise DatasetError(f"{where}: .npy sample is {order}{dtype}{dims}, not uint8 HxWx3")
+    if shape is not None and dims != shape:
+        raise DatasetError(f"{where}: .npy sample is {dims}, this dataset's images {shape}")
+    pixels = len(data) - length
+    if pixels != dims[0] * dims[1] * 3:
+        raise DatasetError(
+            f"{where}: .npy sample holds {pixels} bytes of pixels, its shape {dims} needs "
+            f"{dims[0] * dims[1] * 3}"
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=length).reshape(dims).copy()
+
+
+def _npy_header_length(data: bytes) -> int:
+    """Bytes of the header a ``.npy`` member's first bytes announce (versions 1, 2 and 3
+    store its length in 2 or 4 bytes); for anything else a prefix NumPy will refuse."""
+    if data[:6] != b"\x93NUMPY" or len(data) < 12:
+        return min(len(data), 12)
+    if data[6] == 1:
+        return 10 + int.from_bytes(data[8:10], "little")
+    return 12 + int.from_bytes(data[8:12], "little")
+
+
+@functools.lru_cache(maxsize=256)
+def _npy_header(head: bytes) -> tuple[tuple[tuple[int, ...], bool, np.dtype] | str, int]:
+    """``((shape, fortran_order, dtype), header length)`` parsed from the start of a
+    ``.npy`` member, or ``(reason, 0)`` when it is not one. Cached: the header of every
+    sample of one shape is the same bytes."""
+    stream = io.BytesIO(head)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            header = np.lib.format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            header = np.lib.format.read_array_header_2_0(stream)
+        else:
+            return f"unsupported .npy version {version}", 0
+    except ValueError as e:  # a wrong magic string, a header that is not a dict...
+        return str(e), 0
+    return header, stream.tell()
