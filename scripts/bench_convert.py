@@ -1,13 +1,15 @@
 """Benchmark conversion speed: imgpack ``convert_folder`` with 1 and 2 workers against a plain
 single-process Pillow + ``webdataset.ShardWriter`` script doing the same work; with
-``--ray``, ``--executor ray`` on a local Ray instance of 2 CPUs against the local pool.
+``--ray``, ``--executor ray`` on a local Ray instance of 2 CPUs against the local pool; with
+``--large N``, the default (DCT-scaled) decode against ``--exact-resize`` on N 2560x1440
+JPEGs (``scripts/bench_decode.py``'s mosaics), 2 workers.
 
 Every contender turns the source JPEGs into shorter-side-256 (bilinear) JPEGs of quality 90
 and writes them; the rounds are interleaved, the source files are in the page cache, and the
 output of the previous run is deleted and flushed to disk before each timed run.
 
     python scripts/bench_convert.py [--folder bench-data/folder] [--repeats 3] [--json F]
-        [--ray]
+        [--ray | --large 48]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import webdataset
 from bench_common import (
+    MAX_FOREIGN_CORES,
     Measurement,
     image_files,
     interleaved,
@@ -42,6 +45,7 @@ from bench_common import (
     warm_page_cache,
     write_json,
 )
+from bench_decode import mosaic
 from PIL import Image
 
 from convert import ConvertOptions, convert_folder
@@ -51,6 +55,10 @@ QUALITY = 90
 TARGET_W2_OVER_W1 = 1.8
 TARGET_W2_OVER_BASELINE = 2.0
 TARGET_RAY_OVER_POOL = 1 / 1.3  # Ray's time within 1.3x of the local pool's
+TARGET_DCT_OVER_EXACT = 1.3  # --large: the default decode against --exact-resize
+LARGE_SIZE = (2560, 1440)
+LARGE_WORKERS = 2
+DCT_PATHS = {"default (DCT-scaled)": False, "--exact-resize": True}  # name: exact_resize
 RAY_CPUS = 2
 RAY_FORMATS = ("wds",)  # the shard writing differs by format, the Ray part does not
 BASELINE = "baseline (Pillow + wds.ShardWriter)"
@@ -85,6 +93,15 @@ def cpu_seconds() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
+def cpu_text(runs: list[Measurement], images: int) -> str:
+    """``"main + workers"``: the median CPU milliseconds per image of each side."""
+    main, workers = (
+        1000 * statistics.median(m.extra[k] for m in runs) / images
+        for k in ("cpu_main_s", "cpu_workers_s")
+    )
+    return f"{main:.2f} + {workers:.2f}"
+
+
 def measured(
     run: Callable[[Path], int], dst: Path, sources: list[Path]
 ) -> Callable[[], Measurement]:
@@ -116,10 +133,12 @@ def measured(
 
 
 def imgpack_run(
-    src: Path, fmt: str, workers: int, executor: str = "local"
+    src: Path, fmt: str, workers: int, executor: str = "local", exact_resize: bool = False
 ) -> Callable[[Path], int]:
     """``convert_folder`` with ``--encoding jpeg --resize 256`` to ``fmt``."""
-    options = ConvertOptions(format=fmt, encoding="jpeg", resize=RESIZE, quality=QUALITY)
+    options = ConvertOptions(
+        format=fmt, encoding="jpeg", resize=RESIZE, quality=QUALITY, exact_resize=exact_resize
+    )
     return lambda dst: (
         convert_folder(
             src, dst, options, workers=workers, progress=False, executor=executor
@@ -146,7 +165,7 @@ def compare_ray(
             contenders[f"imgpack {fmt} {executor} ({RAY_CPUS} CPUs)"] = measured(
                 imgpack_run(src, fmt, RAY_CPUS, executor), work / f"{fmt}-{executor}", files
             )
-    runs = interleaved(contenders, args.repeats)
+    runs = interleaved(contenders, args.repeats, args.max_foreign)
     ray.shutdown()
     rate = {name: median_rate(r) for name, r in runs.items()}
     rows = [[name, rate[name], rates_text(r)] for name, r in runs.items()]
@@ -175,12 +194,78 @@ def compare_ray(
     )
 
 
+def compare_dct(args: argparse.Namespace, info: dict[str, Any]) -> None:
+    """The default conversion (JPEGs DCT-scaled while they stay 2.5x the target) against
+    ``--exact-resize``, on ``args.large`` 2560x1440 JPEGs, ``LARGE_WORKERS`` workers."""
+    src, work = args.work / "large-src", args.work / "convert-large"
+    shutil.rmtree(src, ignore_errors=True)
+    for k in range(args.large):
+        folder = src / f"class_{k % 4}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{k:04d}.jpg").write_bytes(mosaic(LARGE_SIZE, 1000 + k))
+    files = image_files(src)
+    size = warm_page_cache(files)
+    print(f"source: {src}, {len(files)} {LARGE_SIZE[0]}x{LARGE_SIZE[1]} JPEGs, "
+          f"mean {size / len(files) / 1000:.0f} KB", flush=True)  # fmt: skip
+    contenders = {
+        name: measured(imgpack_run(src, "pt", LARGE_WORKERS, exact_resize=exact), work, files)
+        for name, exact in DCT_PATHS.items()
+    }
+    runs = interleaved(contenders, args.repeats, args.max_foreign)
+    rate = {name: median_rate(r) for name, r in runs.items()}
+    default, exact = runs.values()
+    paired = [a.rate / b.rate for a, b in zip(default, exact, strict=True)]
+    rows = [[name, rate[name], rates_text(r), cpu_text(r, len(files))] for name, r in runs.items()]
+    headers = ["path", "images/s (median)", "repeats", "CPU ms/image, main + workers"]
+    table = markdown_table(headers, rows)
+    targets = [
+        target_row(
+            "default / --exact-resize (rate)",
+            median_rate(default) / median_rate(exact),
+            TARGET_DCT_OVER_EXACT,
+        )
+    ]
+    print(
+        f"\n{len(files)} images, {args.repeats} interleaved rounds, {LARGE_WORKERS} workers\n\n"
+        f"{table}\n\nper-round ratios: {' / '.join(f'{x:.2f}' for x in paired)} "
+        f"(median {statistics.median(paired):.2f})\n\n{target_table(targets)}"
+    )
+    write_json(
+        args.json,
+        {
+            "machine": info,
+            "images": len(files),
+            "source_bytes": size,
+            "repeats": args.repeats,
+            "images_per_s": runs_json(runs),
+            "per_round_ratios": paired,
+            "targets": targets_json(targets),
+        },
+    )
+
+
 def main() -> None:
     cli = parser(__doc__.splitlines()[0])
     cli.add_argument("--ray", action="store_true", help="--executor ray against the local pool")
+    cli.add_argument(
+        "--large",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the default decode against --exact-resize on N 2560x1440 JPEGs",
+    )
+    cli.add_argument(
+        "--max-foreign",
+        type=float,
+        default=MAX_FOREIGN_CORES,
+        help="retry a measurement while other processes kept more cores busy than this",
+    )
     args = cli.parse_args()
     info = machine_info()
     print_machine(info)
+    if args.large:
+        compare_dct(args, info)
+        return
     src = source_folder(args)
     files = image_files(src)
     size = warm_page_cache(files)
@@ -197,24 +282,12 @@ def main() -> None:
             contenders[f"imgpack {fmt} workers={workers}"] = measured(
                 imgpack_run(src, fmt, workers), work / f"{fmt}-w{workers}", files
             )
-    runs = interleaved(contenders, args.repeats)
+    runs = interleaved(contenders, args.repeats, args.max_foreign)
 
     rate = {name: median_rate(r) for name, r in runs.items()}
     rows = []
     for name, r in runs.items():
-        cpu = {
-            k: 1000 * statistics.median(m.extra[k] for m in r) / n
-            for k in ("cpu_main_s", "cpu_workers_s")
-        }
-        rows.append(
-            [
-                name,
-                rate[name],
-                rates_text(r),
-                rate[name] / rate[BASELINE],
-                f"{cpu['cpu_main_s']:.2f} + {cpu['cpu_workers_s']:.2f}",
-            ]
-        )
+        rows.append([name, rate[name], rates_text(r), rate[name] / rate[BASELINE], cpu_text(r, n)])
     table = markdown_table(
         ["contender", "images/s (median)", "repeats", "x baseline", "CPU ms/image, main + workers"],
         rows,

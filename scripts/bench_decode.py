@@ -8,9 +8,7 @@ JPEGs from the benchmark folder. The scaled decoders produce the smallest image 
 shorter side is still >= ``--target`` (256: what a conversion with ``--resize 256``
 needs), as the converter does unless ``--exact-resize``.
 
-Then the conversion speed-up this buys on large sources: ``convert_folder`` of
-``--convert`` such 2560x1440 JPEGs (``--encoding jpeg --resize 256``, 2 workers), with the
-default DCT-scaled decode against ``--exact-resize``, alternating, medians.
+The conversion speed-up this buys on large sources is ``scripts/bench_convert.py --large``.
 
     .venv/bin/python scripts/bench_decode.py [--folder bench-data/folder] [--repeats 5]
 """
@@ -19,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import io
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_sample_data import load_photo
 
 import readers
-from convert import ConvertOptions, convert_folder
 from readers.decode import dct_scale
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +107,6 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=8, help="2560x1440 ones")
     parser.add_argument("--target", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--convert", type=int, default=48, help="large JPEGs to convert (0: skip)")
     args = parser.parse_args()
     sets = {
         "2560x1440": [mosaic((2560, 1440), seed) for seed in range(args.large)],
@@ -144,39 +138,6 @@ def main() -> None:
         )
     for name, cells in rows.items():
         print(f"| {name} | " + " | ".join(cells) + " |")
-    if args.convert:
-        convert_speedup(args.convert, args.target, args.repeats)
-
-
-def convert_speedup(images: int, target: int, repeats: int) -> None:
-    """Images/s converting large JPEGs, DCT-scaled decode vs --exact-resize."""
-    with tempfile.TemporaryDirectory(prefix="imgpack-large-") as scratch:
-        src = Path(scratch) / "src"
-        for k in range(images):
-            folder = src / f"class_{k % 4}"
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{k:04d}.jpg").write_bytes(mosaic((2560, 1440), 1000 + k))
-        rates: dict[str, list[float]] = {"DCT-scaled (default)": [], "--exact-resize": []}
-        for _ in range(repeats):
-            for name in rates:
-                dst = Path(scratch) / "dst"
-                shutil.rmtree(dst, ignore_errors=True)
-                options = ConvertOptions(
-                    format="pt", encoding="jpeg", resize=target,
-                    exact_resize=name == "--exact-resize",
-                )  # fmt: skip
-                start = time.perf_counter()
-                convert_folder(src, dst, options, workers=2, progress=False)
-                rates[name].append(images / (time.perf_counter() - start))
-        print(
-            f"\nconverting {images} 2560x1440 JPEGs to --encoding jpeg --resize {target}, "
-            "2 workers (images/s, median and runs):"
-        )
-        for name, values in rates.items():
-            runs = " / ".join(f"{v:.1f}" for v in values)
-            print(f"| {name} | {statistics.median(values):.1f} | {runs} |")
-        dct, exact = (statistics.median(v) for v in rates.values())
-        print(f"speed-up: {dct / exact:.2f}x")
 
 
 if __name__ == "__main__":

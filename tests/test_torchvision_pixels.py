@@ -149,3 +149,13 @@ def test_exact_resize_gives_torchvisions_pixels(
 ) -> None:
     diff = _differences(exact=True, targets=targets)
     assert diff.max() <= EXACT_LEVELS, _table(diff, targets)
+
+
+if (
+    __name__ == "__main__"
+):  # the tables docs/FORMATS.md quotes: python -m tests.test_torchvision_pixels
+    for exact in (False, True):
+        diff = _differences(exact, TARGETS)
+        print("--exact-resize" if exact else "default", "\n" + _table(diff, TARGETS))
+        for label, values in (("mean", diff.mean(axis=0)), ("worst", diff.max(axis=0))):
+            print(f"{label:>30} " + "".join(f"{d:8.2f} " for d in values))
