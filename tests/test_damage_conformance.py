@@ -11,7 +11,8 @@ worker. The outcome must be what ``ds[i]`` gives:
   where the damaged JPEG would still decode;
 - a ``.npy`` member (``wds`` raw) whose header changed fails the same way on every path;
 - raw pixels whose bytes changed cannot be told (no per-sample check on raw reads, see
-  docs/RELIABILITY.md): every path serves the same damaged pixels, and only that sample's.
+  docs/FORMATS.md): every path serves the same damaged pixels, and only that sample's;
+  except in an HDF5 gzip chunk, whose own checksum fails the same way on every path.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -37,12 +39,17 @@ Read = Callable[[Path], list[torch.Tensor]]
 
 # --- the damage -----------------------------------------------------------------------------
 def _locate_sample(root: Path) -> tuple[Path, bytearray, int, int]:
-    """Shard 0's bytes and where sample DAMAGED's stored bytes (for raw: its pixels) lie."""
+    """Shard 0's bytes and where sample DAMAGED's stored bytes (for raw: its pixels; for
+    compressed HDF5 chunks: its chunk) lie."""
     value = readers.open_dataset(root).open_shard(0).read(DAMAGED)
     sample = value.tobytes() if isinstance(value, np.ndarray) else bytes(value)
     shard = readers.load_manifest(root).shard_path(0)
     content = bytearray(shard.read_bytes())
     start = content.find(sample)
+    if start < 0 and shard.suffix == ".h5":  # compressed: the chunk holds it
+        with h5py.File(shard) as f:
+            chunk = f[spec.H5_IMAGES].id.get_chunk_info_by_coord((DAMAGED, 0, 0, 0))
+        return shard, content, chunk.byte_offset, chunk.size
     assert start >= 0 and content.find(sample, start + 1) < 0, "sample not stored once"
     return shard, content, start, len(sample)
 
@@ -88,9 +95,14 @@ DAMAGES: dict[str, Callable[[Path], None]] = {
     "npy-shape": change_npy_shape,
 }
 CASES = ("raw-fixed", "raw-variable", "jpeg", "original")
+# Every format, and hdf5 with gzip chunks (whose checksum tells raw pixels of one shape).
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    **{fmt: (fmt, {}) for fmt in readers.DATASETS},
+    "hdf5-gzip": ("hdf5", {"compression": "gzip"}),
+}
 COMBINATIONS = [
     (fmt, case, damage)
-    for fmt in readers.DATASETS
+    for fmt in VARIANTS
     for case in CASES
     for damage in DAMAGES
     if damage == "payload" or (fmt == "wds" and case.startswith("raw"))
@@ -164,7 +176,8 @@ def damaged(converted, tmp_path_factory) -> Callable[[str, str, str], tuple[Path
     def build(fmt: str, case: str, damage: str) -> tuple[Path, object]:
         key = (fmt, case, damage)
         if key not in cache:
-            intact = converted(fmt, case)
+            name, extra = VARIANTS[fmt]
+            intact = converted(name, case, **extra)
             root = copy_dataset(intact, tmp_path_factory.mktemp("-".join(key)))
             DAMAGES[damage](root)
             where = f"{readers.load_manifest(root).shard_path(0)}[{DAMAGED}]"
@@ -189,9 +202,11 @@ def test_what_the_format_can_tell_fails_and_what_it_cannot_is_documented(
     damaged, fmt, case, damage
 ):
     # Encoded samples carry a CRC-32 and .npy headers are checked: those damages are errors.
-    # Raw pixel bytes have no per-sample check on the read paths (docs/RELIABILITY.md).
+    # Raw pixel bytes have no per-sample check on the read paths (docs/RELIABILITY.md),
+    # unless a gzip chunk holds them (zlib's checksum fails its inflate).
     _, outcome = damaged(fmt, case, damage)
-    cannot_tell = case.startswith("raw") and damage == "payload"
+    gzip_chunk = (fmt, case) == ("hdf5-gzip", "raw-fixed")
+    cannot_tell = case.startswith("raw") and damage == "payload" and not gzip_chunk
     told = isinstance(outcome, str)
     assert told != cannot_tell, outcome if told else "the damaged sample read as pixels"
 
