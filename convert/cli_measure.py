@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from tqdm import tqdm
@@ -21,7 +22,7 @@ from readers.storage import is_url
 __all__ = ["bench", "fail", "recommended_call", "tune", "verdict"]
 
 
-def fail(ctx: click.Context, error: Exception) -> None:
+def fail(ctx: click.Context, error: Exception) -> NoReturn:
     """A user's mistake as a one-line error, or the traceback with ``imgpack --debug``."""
     if ctx.obj and ctx.obj.get("debug"):
         raise error
@@ -168,9 +169,10 @@ def bench(
         click.echo(f"plot: {plot_path}")
 
 
-def verdict(best: tuning.Trial, step_ms: float) -> str:
+def verdict(best: tuning.Trial, step_ms: float, encoding: str) -> str:
     """One line on whether loading is the bottleneck, from the wait measured with ``best``
-    (the recommended setting) while a ``step_ms`` step ran after each batch."""
+    (the recommended setting) while a ``step_ms`` step ran after each batch, with what to
+    try for a dataset stored with ``encoding``."""
     wait, share = best.wait_ms or 0.0, (best.wait_ms or 0.0) / step_ms
     if keeps_up(best.wait_ms, step_ms):
         return (
@@ -179,13 +181,14 @@ def verdict(best: tuning.Trial, step_ms: float) -> str:
             f"{100 * WAIT_SHARE:g} % counts as keeping up), so the sweep stopped there."
         )
     overlap = " (without workers, loading does not overlap the step)"
+    cheaper = "a cheaper encoding (raw), " if encoding != "raw" else ""
     return (
         f"loading IS the bottleneck: the least wait measured was {wait:.1f} ms per "
         f"{step_ms:g} ms step ({100 * share:.0f} %, over the {100 * WAIT_SHARE:g} % "
         f"that counts as keeping up), with {best.setting}, which loads "
         f"{best.ratio or 0:.2f}x as fast as the model computes"
-        f"{overlap if not best.setting.num_workers else ''}. Consider a cheaper encoding "
-        "(raw), a smaller stored size, or more CPU cores."
+        f"{overlap if not best.setting.num_workers else ''}. Consider {cheaper}a smaller "
+        "stored size, or more CPU cores (or fewer other jobs on them)."
     )
 
 
@@ -249,7 +252,7 @@ def tune(
     imgpack tune /data/in1k-pt --step-ms 40 --batch-size 256 --crop 224
     """
     try:
-        load_manifest(path)  # not a dataset: that error alone, before the table
+        manifest = load_manifest(path)  # not a dataset: that error alone, before the table
     except (DatasetError, ValueError) as e:
         fail(ctx, e)
     head = f"{'setting':<58} {'samples/s':>9} {'first batch ms':>14}"
@@ -270,7 +273,7 @@ def tune(
         fail(ctx, e)
     best = tuning.recommend(trials, step_ms)
     if step_ms:
-        click.echo(verdict(best, step_ms))
+        click.echo(verdict(best, step_ms, manifest.encoding))
     if best.setting.num_workers:
         click.echo(
             f"persistent_workers=True: without it every epoch pays the "

@@ -186,11 +186,13 @@ def test_keeps_up_is_the_measured_wait_not_the_rate():
     fast_in_process = tune.Trial(tune.Setting(0, 2, None, False), 6080.0, 12.0, 10.4, 3.8)
     workers = tune.Trial(tune.Setting(2, 1, 2, False), 3200.0, 110.0, 0.4, 2.0)
     assert tune.recommend([fast_in_process, workers], step_ms=40) is workers
-    assert verdict(workers, 40).startswith("loading is not the bottleneck: with num_workers=2")
+    said = verdict(workers, 40, "jpeg")
+    assert said.startswith("loading is not the bottleneck: with num_workers=2")
     assert tune.recommend([fast_in_process], step_ms=40) is fast_in_process
-    said = verdict(fast_in_process, 40)
+    said = verdict(fast_in_process, 40, "jpeg")
     assert said.startswith("loading IS the bottleneck") and "10.4 ms per 40 ms step (26 %" in said
     assert "not overlap" in said  # why a loader 3.8x as fast still stalls: no workers
+    assert "(raw)" in said and "(raw)" not in verdict(fast_in_process, 40, "raw")
 
 
 def test_tune_does_not_clear_a_fast_loader_that_leaves_the_loop_waiting(converted):
@@ -206,7 +208,7 @@ def test_tune_does_not_clear_a_fast_loader_that_leaves_the_loop_waiting(converte
     assert trial.wait_ms >= 20  # the whole load, in every step: 10 % of it at least
     assert not keeps_up(trial.wait_ms, 200)
     assert tune.recommend([trial], 200) is trial
-    assert verdict(trial, 200).startswith("loading IS the bottleneck")
+    assert verdict(trial, 200, "raw").startswith("loading IS the bottleneck")
 
 
 def test_tune_with_a_step_time_stops_at_the_first_setting_that_keeps_up(converted):
