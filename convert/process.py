@@ -2,8 +2,9 @@
 
 Geometry follows torchvision: ``Resize(S)`` scales the shorter side to S with bilinear
 antialiased interpolation (the long side is ``int(S * long / short)``), computed by
-``torch.nn.functional.interpolate`` on uint8 channels-last pixels (its uint8 kernel gives
-Pillow's ``resize(BILINEAR)`` pixels to within a level on a few pixels, and is faster);
+``torch.nn.functional.interpolate`` on uint8 channels-last pixels, as torchvision does for
+tensors (~3x faster here than Pillow; its pixels differ from Pillow's ``resize(BILINEAR)``
+by a level or two on a few pixels, 0.04 levels per image at most on real photos);
 ``CenterCrop(C)`` takes the centre, padding with zeros when the image is smaller.
 
 Unless ``exact_resize``, a JPEG is decoded DCT-scaled (1/2, 1/4 or 1/8) only as far as
@@ -37,8 +38,9 @@ __all__ = [
 
 DCT_REDUCING_GAP = 2.5
 """How many times the ``--resize`` target a DCT-scaled decode's shorter side must stay:
-the antialiased resize then does the last >= 2.5x of the reduction, which keeps the
-pixels within 0.5 levels of a full decode (measured; 2 let fine detail reach 1.3)."""
+the antialiased resize then does the last >= 2.5x of the reduction. Measured on real
+photos, every one stayed within 0.6 levels of torchvision's pixels at 64-512; 2 let fine
+detail reach 1.2, and 3 would leave 1440 px photos unscaled for 256."""
 
 _PIL_FORMAT_EXT = {
     "JPEG": "jpg",
