@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import functools
 import io
+import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from readers.spec import DatasetError, sample_crc
 
-__all__ = ["SampleCrcs", "npy_pixels"]
+__all__ = ["SampleCrcs", "npy_pixels", "raw_pixels"]
 
 
 class SampleCrcs:
@@ -100,3 +102,22 @@ def _npy_header(head: bytes) -> tuple[tuple[tuple[int, ...], bool, np.dtype] | s
     except ValueError as e:  # a wrong magic string, a header that is not a dict...
         return str(e), 0
     return header, stream.tell()
+
+
+def raw_pixels(
+    flat: np.ndarray | bytes | bytearray, shape: Sequence[int], where: str
+) -> np.ndarray:
+    """Raw stored bytes as uint8 HWC pixels of ``shape`` (a view), after checking that
+    there are exactly as many as the shape needs.
+
+    Raises:
+        DatasetError: naming ``where`` (the shard and index), with both sizes.
+    """
+    pixels = np.frombuffer(flat, dtype=np.uint8) if not isinstance(flat, np.ndarray) else flat
+    dims = tuple(int(d) for d in shape)
+    needed = math.prod(dims)
+    if pixels.size != needed:
+        raise DatasetError(
+            f"{where}: {pixels.size} bytes of raw pixels stored, shape {dims} needs {needed}"
+        )
+    return pixels.reshape(dims)

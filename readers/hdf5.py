@@ -18,7 +18,7 @@ import torch
 
 from readers import spec
 from readers.base import ImageDataset
-from readers.checks import SampleCrcs
+from readers.checks import SampleCrcs, raw_pixels
 from readers.spec import DatasetError, Layout, StorageKind
 
 __all__ = ["Hdf5Dataset"]
@@ -61,7 +61,7 @@ class Hdf5Shard:
         if not self._vlen:
             return value
         if self._shapes is not None:
-            return value.reshape(self._shapes[i])
+            return raw_pixels(value, self._shapes[i], f"{self._path}[{i}]")
         self._crcs.check(i, value)
         return value.tobytes()
 

@@ -23,7 +23,7 @@ import torch
 
 from readers import spec
 from readers.base import ImageDataset
-from readers.checks import SampleCrcs
+from readers.checks import SampleCrcs, raw_pixels
 from readers.paths import PathTable
 from readers.spec import DatasetError, Layout, StorageKind
 
@@ -77,15 +77,18 @@ class LmdbShard:
         self._crcs = SampleCrcs(crcs_array, path, len(self.labels))
         self._paths: PathTable | None = None
 
-    def _find(self, key: bytes) -> bytes | None:
+    def _find(self, key: bytes, txn: lmdb.Transaction | None = None) -> bytes | None:
+        """The value of ``key`` (in ``txn``, else a transaction of its own), or None."""
         try:
-            with self._env.begin() as txn:
+            if txn is not None:
                 return txn.get(key)
+            with self._env.begin() as own:
+                return own.get(key)
         except lmdb.Error as e:  # a damaged page (MDB_CORRUPTED, MDB_PAGE_NOTFOUND)
             raise DatasetError(f"{self._path}: cannot read key {key.decode()!r}: {e}") from e
 
-    def _get(self, key: bytes) -> bytes:
-        value = self._find(key)
+    def _get(self, key: bytes, txn: lmdb.Transaction | None = None) -> bytes:
+        value = self._find(key, txn)
         if value is None:
             raise DatasetError(f"{self._path}: missing key {key.decode()!r}")
         return value
@@ -96,19 +99,14 @@ class LmdbShard:
             self._crcs.check(i, value)
             return value
         shape = self._shape if self._shape is not None else self._shapes[i]
-        return np.frombuffer(bytearray(value), dtype=np.uint8).reshape(shape)
+        return raw_pixels(bytearray(value), shape, f"{self._path}[{i}]")
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
         flat = out.numpy().reshape(len(idx), -1)
-        try:
-            with self._env.begin(buffers=True) as txn:
-                for row, i in enumerate(idx.tolist()):
-                    value = txn.get(spec.SAMPLE_KEY.format(i).encode())
-                    if value is None:
-                        raise DatasetError(f"{self._path}: missing sample {i}")
-                    flat[row] = np.frombuffer(value, dtype=np.uint8)
-        except lmdb.Error as e:
-            raise DatasetError(f"{self._path}: cannot read samples: {e}") from e
+        with self._env.begin(buffers=True) as txn:  # one transaction, values not copied
+            for row, i in enumerate(idx.tolist()):
+                value = self._get(spec.SAMPLE_KEY.format(i).encode(), txn)
+                flat[row] = raw_pixels(value, self._shape, f"{self._path}[{i}]").reshape(-1)
 
     def path(self, i: int) -> str:
         if self._paths is None:

@@ -17,7 +17,7 @@ import torch
 
 from readers import spec
 from readers.base import ImageDataset
-from readers.checks import SampleCrcs
+from readers.checks import SampleCrcs, raw_pixels
 from readers.spec import DatasetError, Layout, StorageKind
 
 __all__ = ["PtDataset"]
@@ -60,7 +60,7 @@ class PtShard:
             return self._images[i].numpy().copy()
         chunk = self._data[self._offsets[i] : self._offsets[i + 1]]
         if self._shapes is not None:
-            return chunk.reshape(self._shapes[i]).copy()
+            return raw_pixels(chunk, self._shapes[i], f"{self._path}[{i}]").copy()
         self._crcs.check(i, chunk)
         return memoryview(chunk)
 

@@ -1,7 +1,9 @@
-"""What the per-sample CRC-32 check costs on the read paths (docs/FORMATS.md, "Per-sample
-CRC-32"): encoded batches with the check against the same reads with it switched off, and
-the raw ``pt`` gather against the gather plus a CRC-32 of every row (the check raw pixels
-do not get). Interleaved rounds, medians.
+"""What the per-sample checks cost on the read paths (docs/FORMATS.md, "Per-sample
+CRC-32"): encoded batches with the CRC-32 check against the same reads with it switched
+off; the raw ``pt`` gather against the gather plus a CRC-32 of every row (the check raw
+pixels do not get); the raw ``wds`` gather, which now reads each ``.npy`` header beside its
+pixels and compares it, against reading the pixels alone (what it did before). Interleaved
+rounds, medians.
 
     .venv/bin/python scripts/bench_sample_checks.py --rounds 7
 """
@@ -9,6 +11,7 @@ do not get). Interleaved rounds, medians.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -16,11 +19,13 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import readers
 from convert import ConvertOptions, convert_folder
 from readers.checks import SampleCrcs
+from readers.wds import WdsShard
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,8 +51,12 @@ def main() -> None:
         convert_folder(args.folder, jpeg, ConvertOptions(format="pt", resize=256), progress=False)
         raw_options = ConvertOptions(format="pt", encoding="raw", resize=256, center_crop=224)
         convert_folder(args.folder, raw, raw_options, progress=False)
+        tars = Path(scratch) / "wds"
+        wds_options = ConvertOptions(format="wds", encoding="raw", resize=256, center_crop=224)
+        convert_folder(args.folder, tars, wds_options, progress=False)
         encoded = readers.open_dataset(jpeg, decode_threads=1)
         pixels = readers.open_dataset(raw, decode_threads=1)
+        tar_pixels = readers.open_dataset(tars, decode_threads=1)
         everything = list(range(len(encoded)))
         check = SampleCrcs.check
 
@@ -65,11 +74,29 @@ def main() -> None:
                     zlib.crc32(row)
             return len(batch)
 
+        checked_read_pixels = WdsShard.read_pixels
+
+        def pixels_alone(self: WdsShard, idx: np.ndarray, out: torch.Tensor) -> None:
+            """``WdsShard.read_pixels`` before the header check (commit b133c47)."""
+            rows = out.numpy().reshape(len(idx), -1)
+            for row, i in enumerate(idx.tolist()):
+                offset, size = int(self._offsets[i]), int(self._sizes[i])
+                os.preadv(self._fd, [rows[row]], offset + size - rows.shape[1])
+
+        def wds_batch(checked: bool) -> int:
+            WdsShard.read_pixels = checked_read_pixels if checked else pixels_alone  # type: ignore[method-assign]
+            try:
+                return len(tar_pixels.__getitems__(everything))
+            finally:
+                WdsShard.read_pixels = checked_read_pixels  # type: ignore[method-assign]
+
         contenders: dict[str, Callable[[], int]] = {
             "pt jpeg __getitems__, CRC-32 checked": lambda: jpeg_batch(True),
             "pt jpeg __getitems__, no check": lambda: jpeg_batch(False),
             "pt raw __getitems__ (gather)": lambda: raw_batch(False),
             "pt raw gather + CRC-32 of each row": lambda: raw_batch(True),
+            "wds raw __getitems__, header checked": lambda: wds_batch(True),
+            "wds raw __getitems__, pixels alone (before)": lambda: wds_batch(False),
         }
         rates: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(args.rounds):
@@ -85,6 +112,7 @@ def main() -> None:
     names = list(medians)
     print(f"jpeg: checked / unchecked = {medians[names[0]] / medians[names[1]]:.3f}")
     print(f"raw: gather+crc / gather = {medians[names[3]] / medians[names[2]]:.3f}")
+    print(f"wds raw: header checked / pixels alone = {medians[names[4]] / medians[names[5]]:.3f}")
 
 
 if __name__ == "__main__":

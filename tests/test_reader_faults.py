@@ -281,6 +281,60 @@ def test_flipped_byte_in_a_raw_sample_reads_back_with_only_that_value_changed(
     assert int((intact[16] != damaged[16]).sum()) == 1
 
 
+def narrow_shape_of_sample(fmt: str, shard: Path, i: int) -> None:
+    """Make the shard's metadata give raw sample ``i`` one column fewer than it stores."""
+    if fmt == "pt":
+        tensors = torch.load(shard, weights_only=True)
+        tensors[spec.PT_SHAPES][i, 1] -= 1
+        replace_shard(shard.parent, 0, save_pt(tensors))
+    else:
+        with h5py.File(shard, "r+") as f:
+            shape = f[spec.H5_SHAPES][i]
+            f[spec.H5_SHAPES][i] = [shape[0], shape[1] - 1, 3]
+        replace_shard(shard.parent, 0, shard.read_bytes())
+
+
+def shorten_lmdb_sample(shard: Path, i: int) -> None:
+    env = lmdb.open(str(shard), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        key = spec.SAMPLE_KEY.format(i).encode()
+        txn.put(key, txn.get(key)[:-3])
+    env.close()
+    replace_shard(shard.parent, 0, shard.read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("fmt", "case"),
+    [
+        ("pt", "raw-variable"),
+        ("hdf5", "raw-variable"),
+        ("lmdb", "raw-fixed"),
+        ("lmdb", "raw-variable"),
+    ],
+)
+def test_raw_sample_of_another_size_than_its_shape_fails_alike_on_every_path(
+    converted, tmp_path, fmt, case
+):
+    # (wds: a .npy header that disagrees with its member, tests/test_damage_conformance.py)
+    root = copy_dataset(converted(fmt, case), tmp_path)
+    shard = readers.load_manifest(root).shard_path(0)
+    if fmt == "lmdb":
+        shorten_lmdb_sample(shard, 16)
+    else:
+        narrow_shape_of_sample(fmt, shard, 16)
+    ds = readers.open_dataset(root)
+    with pytest.raises(readers.DatasetError, match=rf"^{re.escape(str(shard))}\[16\]: ") as one:
+        ds[16]
+    assert "bytes of raw pixels stored, shape" in str(one.value)
+    for batch in ([15, 16, 17], [16]):  # the gather of raw pixels of one shape, and per sample
+        with pytest.raises(readers.DatasetError) as many:
+            ds.__getitems__(batch)
+        assert str(many.value) == str(one.value)
+    with pytest.raises(readers.DatasetError) as cropped:
+        readers.open_dataset(root, crop=readers.CenterCrop(16))[16]
+    assert str(cropped.value) == str(one.value)
+
+
 @pytest.mark.parametrize("case", ["jpeg", "original"])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_flipped_byte_in_an_encoded_sample_fails_its_crc_naming_the_sample(
