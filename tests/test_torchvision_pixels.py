@@ -6,10 +6,12 @@ torchvision cannot be installed here, so its Pillow path is written out as it co
 and ``CenterCrop(c)`` (top ``int(round((h - c) / 2.0))``, left likewise).
 
 Sources are real photos from the scikit-image and scikit-learn wheels at their own sizes
-(300-1411 px), ImageNet-sized crops of them, and, for 1600-4000 px, mosaics tiled from
-those photos at their native scale (nothing resampled: real-photo detail per tile, with
-seams between tiles), all saved as JPEG. Targets span 64-512; the default conversion
-DCT-scales a JPEG only as far as ``DCT_REDUCING_GAP`` allows, ``--exact-resize`` never.
+(300-1411 px; gravel, a gray texture, has the finest detail), ImageNet-sized crops of
+them, and, for 1601-4000 px, mosaics tiled from those photos at their native scale
+(nothing resampled: real-photo detail per tile, with seams between tiles), all saved as
+JPEG. Targets span 64-512; the default conversion DCT-scales a JPEG only as far as
+``DCT_REDUCING_GAP`` allows (at 2, gravel is 1.69 levels off at 64), ``--exact-resize``
+never.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def _photo(name: str) -> np.ndarray:
     if name.endswith(".png"):  # bundled in the wheel, without a skimage.data function
         with Image.open(f"{skimage.data.__path__[0]}/{name}") as f:
             return np.asarray(f.convert("RGB"))
-    return np.ascontiguousarray(getattr(skimage.data, name)()[..., :3])
+    pixels = getattr(skimage.data, name)()  # RGB(A), or gray (saved as a gray JPEG)
+    return np.ascontiguousarray(pixels[..., :3] if pixels.ndim == 3 else pixels)
 
 
 MOSAIC_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "china.jpg", "flower.jpg")
@@ -74,7 +77,7 @@ def _jpeg(pixels: np.ndarray, quality: int = 90, subsampling: int = 2) -> bytes:
 def _sources() -> dict[str, bytes]:
     """name -> JPEG bytes, 300 to 4000 px."""
     photos = ("chelsea", "coffee", "rocket", "china.jpg", "flower.jpg", "astronaut")
-    photos += ("motorcycle_left.png", "hubble_deep_field", "retina")
+    photos += ("motorcycle_left.png", "hubble_deep_field", "retina", "gravel")
     sources = {name: _jpeg(_photo(name)) for name in photos}
     for name, (w, h) in (("china.jpg", (500, 375)), ("coffee", (400, 350))):
         sources[f"{name} {w}x{h}"] = _jpeg(_photo(name)[:h, :w])  # ImageNet-sized
