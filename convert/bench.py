@@ -7,11 +7,12 @@ with decoding (p50/p90/p99/p99.9 over seeded random indices), batch reads
 (``__getitems__`` of ``batch_size`` random indices), sequential throughput, and DataLoader
 samples/s for each worker count; ``wds`` datasets also as a stream. With ``crop``, the
 DataLoader runs centre-crop through the readers' ``crop=`` (:class:`readers.CenterCrop`,
-decoded straight into the batch), as training would; the folder decodes each file whole and
-places the same box. Warm page cache by default (an untimed pass first); ``cold=True``
-drops the dataset's own pages before each timed pass (``posix_fadvise(DONTNEED)``, no root
-needed) and reports what stayed resident. What the library warns about while measuring
-(an unshuffled ``wds`` dataset read as a stream, say) is kept as a one-line note.
+decoded straight into the batch), as training would (not a dataset stored at that size
+already); the folder decodes each file whole and places the same box. Warm page cache by
+default (an untimed pass first); ``cold=True`` drops the dataset's own pages before each
+timed pass (``posix_fadvise(DONTNEED)``, no root needed) and reports what stayed resident.
+What the library warns about while measuring (an unshuffled ``wds`` dataset read as a
+stream, say) is kept as a one-line note.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ __all__ = [
     "PERCENTILES",
     "Source",
     "bench_path",
+    "crop_for",
     "drop_cache",
     "library_notes",
     "open_source",
@@ -96,6 +98,7 @@ class Source:
     open: Callable[[], Any]  # -> a map-style dataset with stored(i) and __getitems__
     loader: Callable[[int, int, Crop | None], Any]  # (workers, batch_size, crop) -> batches
     stream: Callable[[int, int, Crop | None], Any] | None = None  # wds only
+    shape: tuple[int, int, int] | None = None  # (H, W, 3) when every sample has it
 
     @property
     def label(self) -> str:
@@ -138,6 +141,7 @@ def open_source(path: Path | str) -> Source:
             lambda: readers.open_dataset(path),
             loader,
             partial(loader, stream=True) if manifest.format == "wds" else None,
+            manifest.shape,
         )
     path = Path(path)
     scan = scan_folder(path)
@@ -163,6 +167,15 @@ def open_source(path: Path | str) -> Source:
         lambda: FolderDataset(path, relpaths, labels),
         folder_loader,
     )
+
+
+def crop_for(shape: tuple[int, ...] | None, size: int | None) -> CenterCrop | None:
+    """``CenterCrop(size)`` as training passes it, or None when every stored image of the
+    dataset (``shape``: H, W, 3) is ``size`` x ``size`` already: a crop would copy each
+    unchanged, and training reads such a dataset without one."""
+    if size is None or (shape is not None and tuple(shape[:2]) == (size, size)):
+        return None
+    return CenterCrop(size)
 
 
 def _shard_files(manifest: readers.Manifest, index: int) -> list[Path]:
@@ -322,11 +335,11 @@ def bench_path(
         measured.add("sequential_samples_per_s", len(sequential) / elapsed)
         measured.add("sequential_mb_per_s", total / elapsed / 1e6)
 
-    shape = CenterCrop(crop) if crop else None
+    center_crop = crop_for(source.shape, crop)
 
     def loader_reads(name: str, make: Callable[[int, int, Crop | None], Any], workers: int) -> None:
         fresh()
-        measured.add(name, loader_rate(make(workers, batch_size, shape), seconds)[0])
+        measured.add(name, loader_rate(make(workers, batch_size, center_crop), seconds)[0])
 
     if not cold:  # warm: one untimed pass over what will be read
         ds = source.open()
@@ -346,13 +359,15 @@ def bench_path(
                 if source.stream is not None:
                     loader_reads(f"stream_w{w}_samples_per_s", source.stream, w)
                 tick(f"DataLoader workers={w}")
+    if crop and center_crop is None:
+        notes.append(f"{path}: stored at {crop}x{crop} already, so read without crop=")
     return {
         "path": str(path),
         "kind": source.kind,
         "samples": n,
         "bytes": sum(f.stat().st_size for f in source.files),
         "cache": "cold" if cold else "warm",
-        "crop": crop,
+        "crop": crop if center_crop else None,
         "cache_notes": cache_notes,
         "notes": notes,
         "figures": measured.as_json(),

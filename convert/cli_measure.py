@@ -13,7 +13,6 @@ from tqdm import tqdm
 from convert import bench as measure
 from convert import bench_report as report
 from readers import tune as tuning
-from readers.crop import CenterCrop
 from readers.manifest import load_manifest
 from readers.measure import WAIT_SHARE, keeps_up
 from readers.spec import DatasetError
@@ -258,6 +257,10 @@ def tune(
         manifest = load_manifest(path)  # not a dataset: that error alone, before the table
     except (DatasetError, ValueError) as e:
         fail(ctx, e)
+    center_crop = measure.crop_for(manifest.shape, crop)
+    if crop and center_crop is None:
+        click.echo(f"{path} stores {crop}x{crop} images already: measured without crop=")
+        crop = None
     head = f"{'setting':<58} {'samples/s':>9} {'first batch ms':>14}"
     if step_ms:
         head += f" {'wait ms/batch':>13} {'wait % of step':>14} {'loader/compute':>14}"
@@ -270,8 +273,7 @@ def tune(
         click.echo(row)
 
     try:
-        shape = CenterCrop(crop) if crop else None
-        trials = tuning.sweep(path, batch_size, step_ms, seconds, report=show, crop=shape)
+        trials = tuning.sweep(path, batch_size, step_ms, seconds, report=show, crop=center_crop)
     except (DatasetError, ValueError) as e:
         fail(ctx, e)
     best = tuning.recommend(trials, step_ms)

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 import readers
-from convert.bench import FolderDataset, open_source, resident_fraction
+from convert.bench import FolderDataset, crop_for, open_source, resident_fraction
 from convert.cli import main
 from convert.cli_measure import verdict
 from convert.scan import scan_folder
@@ -141,6 +141,23 @@ def test_bench_loaders_crop_with_the_readers_crop(converted, sample_data):
     fused = readers.open_dataset(original, crop=crop)
     for i in range(len(fused)):
         assert torch.equal(folder[i][0], fused[i][0]), scan.samples[i].relpath
+
+
+def test_a_crop_the_size_of_the_stored_images_is_not_applied(converted, tmp_path):
+    assert crop_for((64, 64, 3), 64) is None and crop_for((64, 64, 3), None) is None
+    assert crop_for((64, 64, 3), 32).size == (32, 32) and crop_for(None, 64).size == (64, 64)
+    root = converted("pt", "raw-fixed")  # 64 x 64 pixels
+    out = tmp_path / "bench.json"
+    result = run("bench", root, "--samples", 20, "--repeats", 1, "--workers", "0",
+                 "--seconds", 0.05, "--crop", 64, "--json", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"note: {root}: stored at 64x64 already, so read without crop=" in result.output
+    assert json.loads(out.read_text())["results"][0]["crop"] is None
+    result = run("tune", root, "--batch-size", 8, "--seconds", 0.05, "--crop", 64)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"{root} stores 64x64 images already: measured without crop="
+    assert "crop" not in parse_call(lines[-1])[2]
 
 
 def parse_call(line: str) -> tuple[ast.expr, list[object], dict[str, str | object]]:
