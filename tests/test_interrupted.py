@@ -203,6 +203,46 @@ def test_a_second_conversion_into_the_same_folder_is_refused_and_the_first_is_un
     assert_same_as_reference(dst, ref_manifest, ref_shards)
 
 
+# Holds the lock on DST (argv[1]) until its stdin closes, as a running conversion does.
+HOLD_LOCK = (
+    "import sys; from pathlib import Path; from convert.destination import DestinationLock; "
+    "DestinationLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); "
+    "sys.stdin.read()"
+)
+
+
+def test_a_busy_or_non_empty_dst_is_refused_before_the_source_is_scanned(tmp_path):
+    missing = tmp_path / "no-such-source"  # scanning it would be the error
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / spec.MANIFEST_NAME).write_text("{}")
+    refused = run_cli(missing, full, "pt")
+    assert refused.returncode == 1
+    assert "folder is not empty (holds a dataset)" in refused.stderr, refused.stderr
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(busy)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        for flags in ([], ["--resume"], ["--overwrite"]):
+            refused = run_cli(missing, busy, "pt", *flags)
+            assert refused.returncode == 1
+            assert f"another imgpack convert (pid {holder.pid})" in refused.stderr
+    finally:
+        holder.communicate(timeout=30)  # closes its stdin: it lets go
+    # The source is scanned once the DST is claimed; a DST made for a failed run is removed.
+    fresh = tmp_path / "fresh"
+    failed = run_cli(missing, fresh, "pt")
+    assert "source folder does not exist" in failed.stderr, failed.stderr
+    assert not fresh.exists()
+
+
 def test_resume_refuses_other_options_naming_what_changed(source, tmp_path):
     dst = tmp_path / "dst"
     with start_cli(source, dst, "wds") as process:

@@ -2,18 +2,20 @@
 
 Conversion to ``s3://`` for every format must give the dataset a local conversion gives
 (same content checksum, same samples read back map-style and streamed); a conversion
-killed mid-upload resumes to that same dataset; the reader cache stays under its limit
+killed mid-upload resumes to that same dataset, on another machine too (the journal is in
+the bucket); the reader cache stays under its limit
 and never exposes a torn file; bad URLs are errors, never local folders named after them.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from torch.utils.data import DataLoader
 import readers
 from convert import ConvertOptions, convert_folder
 from convert.cli import main
+from convert.journal import ENTRY_PREFIX
 from readers import spec
 from readers.cache import ShardCache
 from readers.storage import RemoteFolder
@@ -116,23 +119,34 @@ def test_wds_streams_from_s3_without_copying_shards(s3_server, local, tmp_path):
     assert not cache.exists() or not any(cache.rglob("shard-*.tar"))
 
 
-def test_a_conversion_killed_mid_upload_resumes_to_the_same_dataset(s3_server, local, tmp_path):
-    url = f"s3://{BUCKET}/killed/wds"
+def _convert_and_kill(url: str, staging: Path, enough: Callable[[list[str]], bool]) -> list[str]:
+    """Start ``imgpack convert`` of sample_data into ``url`` (one sample a shard) and SIGKILL
+    it once ``enough`` says so of the names in ``url``; returns the command, for a resume."""
     command = [sys.executable, "-m", "convert.cli", "convert", str(SAMPLE_DATA), url]
     command += ["--format", "wds", "--shard-size", "1", "--shuffle", "--workers", "1"]
-    command += ["--staging", str(tmp_path / "staging")]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    folder = RemoteFolder(url)
+    process = subprocess.Popen([*command, "--staging", str(staging)], stderr=subprocess.PIPE)
     try:
-        folder = RemoteFolder(url)
         deadline = time.monotonic() + 60
-        while sum(n.endswith(".tar") for n in folder.names()) < 3:
+        while not enough(folder.names()):
             assert process.poll() is None, process.stderr.read()
-            assert time.monotonic() < deadline, "no shard was uploaded"
+            assert time.monotonic() < deadline, "the conversion made no progress"
             time.sleep(0.05)
         process.send_signal(signal.SIGKILL)
     finally:
         process.wait(timeout=30)
         process.stderr.close()
+    return command
+
+
+def test_a_conversion_killed_mid_upload_resumes_to_the_same_dataset(s3_server, local, tmp_path):
+    url = f"s3://{BUCKET}/killed/wds"
+    staging = tmp_path / "staging"
+    command = _convert_and_kill(
+        url, staging, lambda names: sum(n.endswith(".tar") for n in names) >= 3
+    )
+    command += ["--staging", str(staging)]
+    folder = RemoteFolder(url)
     assert spec.MANIFEST_NAME not in folder.names()
     with pytest.raises(readers.DatasetError, match="incomplete dataset"):
         readers.open_dataset(url)
@@ -145,6 +159,54 @@ def test_a_conversion_killed_mid_upload_resumes_to_the_same_dataset(s3_server, l
     reference = local("wds")  # in shards of 10: the checksum does not depend on them
     assert m.content_sha256 == readers.load_manifest(reference).content_sha256
     assert not (tmp_path / "staging").exists()
+    _assert_same_samples(readers.open_dataset(url), readers.open_dataset(reference))
+
+
+def test_a_conversion_resumes_on_another_machine_keeping_the_uploaded_shards(
+    s3_server, local, tmp_path
+):
+    url = f"s3://{BUCKET}/elsewhere/wds"
+
+    def four_journaled(names: list[str]) -> bool:
+        return sum(n.startswith(ENTRY_PREFIX) for n in names) >= 4
+
+    command = _convert_and_kill(url, tmp_path / "a", four_journaled)
+    folder = RemoteFolder(url)
+    shutil.rmtree(tmp_path / "a")  # that machine, and its disk, are gone
+    journaled = sorted(
+        n.removeprefix(ENTRY_PREFIX).removesuffix(".json")
+        for n in folder.names()
+        if n.startswith(ENTRY_PREFIX)
+    )
+
+    def modified(name: str) -> object:
+        folder.fs.invalidate_cache()  # not a listing cached before
+        return folder.fs.info(folder.path(name))["LastModified"]
+
+    uploaded = {name: modified(name) for name in journaled}
+    # The last journaled shard changed in the bucket since, at its size: it is redone.
+    changed = journaled[-1]
+    data = bytearray(folder.read(changed))
+    data[-1] ^= 0xFF
+    folder.fs.pipe(folder.path(changed), bytes(data))
+    time.sleep(1.1)  # the store's modification times have 1 s resolution: a re-upload shows
+    resumed = subprocess.run(
+        [*command, "--staging", str(tmp_path / "b"), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    kept = len(journaled) - 1
+    assert f"(kept {kept} from the interrupted run)" in resumed.stdout  # one sample a shard
+    assert all(modified(name) == uploaded[name] for name in journaled[:-1])  # not uploaded again
+    assert modified(changed) > uploaded[changed]
+    assert not any(n.startswith(ENTRY_PREFIX) or n == spec.JOURNAL_NAME for n in folder.names())
+    reference = local("wds")
+    assert (
+        readers.load_manifest(url).content_sha256 == readers.load_manifest(reference).content_sha256
+    )
     _assert_same_samples(readers.open_dataset(url), readers.open_dataset(reference))
 
 

@@ -233,3 +233,46 @@ def test_ray_converts_to_an_object_store_destination(ray_address, tmp_path):
         assert remote.content_sha256 == manifest(local)["content_sha256"]
         assert len(remote.shards) == 4 and not (tmp_path / "staging").exists()
         assert_same_samples(url, local)
+
+
+def test_ray_resumes_an_object_store_conversion_on_another_machine(
+    ray_address: str, photos: Path, photos_checksum: str, tmp_path: Path
+) -> None:
+    """The journal is in the bucket: a driver killed mid-run, its staging folder lost, is
+    resumed elsewhere, keeping the shards it uploaded (planned shards, in any order)."""
+    from convert.journal import ENTRY_PREFIX
+    from readers.storage import RemoteFolder
+
+    with local_s3_server("imgpack-ray-resume"):
+        url = "s3://imgpack-ray-resume/wds"
+        args = ["--format", "wds", "--encoding", "jpeg", "--resize", "128", "--shard-size", "10"]
+        args += ["--executor", "ray", "--ray-address", ray_address, "--no-progress"]
+        args += ["--staging", str(tmp_path / "a")]
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "convert.cli", "convert", str(photos), url, *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        folder = RemoteFolder(url)
+        deadline = time.monotonic() + 120
+        while sum(n.startswith(ENTRY_PREFIX) for n in folder.names()) < 3:
+            assert driver.poll() is None, driver.communicate()
+            assert time.monotonic() < deadline, "the driver made no progress"
+            time.sleep(0.05)
+        driver.kill()
+        driver.communicate(timeout=60)
+        shutil.rmtree(tmp_path / "a")
+        options = ConvertOptions(format="wds", **PHOTO_OPTIONS)
+        result = convert_folder(
+            photos,
+            url,
+            options,
+            resume=True,
+            progress=False,
+            executor="ray",
+            staging=tmp_path / "b",
+        )
+        assert result.resumed >= 30  # the journaled shards were kept
+        assert readers.load_manifest(url).content_sha256 == photos_checksum
