@@ -182,12 +182,12 @@ def verdict(best: tuning.Trial, step_ms: float, encoding: str) -> str:
     overlap = " (without workers, loading does not overlap the step)"
     cheaper = "a cheaper encoding (raw), " if encoding != "raw" else ""
     return (
-        f"loading IS the bottleneck: the least wait measured was {wait:.1f} ms per "
-        f"{step_ms:g} ms step ({100 * share:.0f} %, over the {100 * WAIT_SHARE:g} % "
-        f"that counts as keeping up), with {best.setting}, which loads "
-        f"{best.ratio or 0:.2f}x as fast as the model computes"
-        f"{overlap if not best.setting.num_workers else ''}. Consider {cheaper}a smaller "
-        "stored size, or more CPU cores (or fewer other jobs on them)."
+        f"loading IS the bottleneck: no setting kept the wait within {100 * WAIT_SHARE:g} % "
+        f"of the {step_ms:g} ms step. Recommended: {best.setting} (the cheapest within "
+        f"{WAIT_SHARE * step_ms:g} ms of the least wait), which waited {wait:.1f} ms per "
+        f"{step_ms:g} ms step ({100 * share:.0f} %) and loads {best.ratio or 0:.2f}x as fast "
+        f"as the model computes{overlap if not best.setting.num_workers else ''}. Consider "
+        f"{cheaper}a smaller stored size, or more CPU cores (or fewer other jobs on them)."
     )
 
 

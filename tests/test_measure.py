@@ -207,7 +207,7 @@ def test_keeps_up_is_the_measured_wait_not_the_rate():
     assert said.startswith("loading is not the bottleneck: with num_workers=2")
     assert tune.recommend([fast_in_process], step_ms=40) is fast_in_process
     said = verdict(fast_in_process, 40, "jpeg")
-    assert said.startswith("loading IS the bottleneck") and "10.4 ms per 40 ms step (26 %" in said
+    assert said.startswith("loading IS the bottleneck") and "10.4 ms per 40 ms step (26 %)" in said
     assert "not overlap" in said  # why a loader 3.8x as fast still stalls: no workers
     assert "(raw)" in said and "(raw)" not in verdict(fast_in_process, 40, "raw")
 
