@@ -266,7 +266,9 @@ def convert(
 
     DST is a folder, or a URL such as s3://bucket/prefix (fsspec; credentials from the
     usual chain: AWS_* variables including AWS_ENDPOINT_URL, ~/.aws, instance roles).
-    Each shard is then staged locally and uploaded when complete, the manifest last.
+    Each shard is then staged locally and uploaded when complete, the manifest last; the
+    journal --resume starts from is kept in the bucket, so any machine can resume. DST is
+    checked (busy, not empty, no such bucket) before SRC is scanned.
 
     Labels follow torchvision's ImageFolder: classes are the sorted sub-folder names.
     Files that cannot be decoded are skipped, counted, and listed in DST/errors.jsonl

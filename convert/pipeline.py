@@ -93,7 +93,8 @@ def convert_folder(
 
     ``dst`` may be a URL (``s3://bucket/prefix``): the run stages each shard in
     ``staging`` (default under ``~/.cache/imgpack/staging``) and uploads it when complete,
-    the manifest last (``convert.remote``); ``storage_options`` go to fsspec.
+    the manifest last, and keeps its journal in the bucket (``convert.remote``);
+    ``storage_options`` go to fsspec. ``dst`` is claimed before ``src`` is scanned.
 
     Args:
         overwrite: replace what an earlier conversion wrote at ``dst``.
@@ -110,6 +111,8 @@ def convert_folder(
     Raises:
         ValueError, FileNotFoundError, FileExistsError: with the bad input and the fix.
         OSError: a write failed; on a full disk the message says how to resume.
+        StorageError: the object store could not be used (the URL and the cause, and how
+            many shards are uploaded for ``resume``).
     """
     options.validate()
     if on_error not in ON_ERROR:

@@ -236,8 +236,17 @@ class RemoteFolder:
         if not names:
             return {}
         with self._faults(names[0]):
-            found = self.fs.cat([self.path(n) for n in names], on_error="omit")
-        return {n: found[self.path(n)] for n in names if self.path(n) in found}
+            found = self.fs.cat([self.path(n) for n in names], on_error="return")
+        out = {}
+        for name in names:
+            data = found.get(self.path(name))
+            if isinstance(data, Exception):
+                if isinstance(data, FileNotFoundError):
+                    continue  # deleted since it was listed
+                with self._faults(name):
+                    raise data
+            out[name] = data
+        return out
 
     def size(self, name: str) -> int | None:
         """The size of ``name`` in bytes, or None if it does not exist."""
