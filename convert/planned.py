@@ -55,7 +55,10 @@ __all__ = [
 ]
 
 EXECUTORS = ("local", "ray")
-RAY_HINT = "--executor ray needs Ray: pip install 'imgpack[ray]' (or pip install 'ray>=2.9')"
+RAY_HINT = (
+    "--executor ray needs Ray: pip install -e '.[ray]' in the imgpack checkout "
+    "(or pip install 'ray>=2.9')"
+)
 
 PLANNED_SHARD_SIZE = 10_000  # samples per shard where the local default is one file
 

@@ -179,7 +179,8 @@ class RemoteFolder:
                 "a URL that fsspec knows (s3://, gs://, az://, ...)"
             ) from None
         except ImportError as e:
-            extra = " (pip install 'imgpack[s3]')" if protocol in ("s3", "s3a") else ""
+            s3 = protocol in ("s3", "s3a")
+            extra = " (pip install -e '.[s3]' in the imgpack checkout)" if s3 else ""
             raise ValueError(f"{self.url}: {e}{extra}") from None
         return fs, root.rstrip("/")
 
