@@ -213,7 +213,7 @@ def test_keeps_up_is_the_measured_wait_not_the_rate():
 
 
 def test_tune_does_not_clear_a_fast_loader_that_leaves_the_loop_waiting(converted):
-    root = converted("pt", "raw-fixed")
+    root = converted("lmdb", "raw-fixed")
 
     def slow(image: torch.Tensor) -> torch.Tensor:
         time.sleep(0.005)  # 20 ms per batch of 4, on the loop's own thread (no workers)
@@ -254,13 +254,13 @@ def test_tune_with_a_step_time_stops_at_the_first_setting_that_keeps_up(converte
 
 def test_the_wait_is_timed_once_the_queue_has_refilled():
     def drained_then_ready():  # a worker pool whose queue the rate run just emptied
-        time.sleep(0.05)
+        time.sleep(0.1)
         while True:
             yield torch.zeros(4, 3), torch.zeros(4)
 
     samples, _, wait_s = tune._timed(drained_then_ready(), 0.0, 0.01)
     assert samples == 5 * 4
-    assert wait_s < 0.005  # timed, the first batch alone made it 10 ms (50 ms / 5)
+    assert wait_s < 0.01  # timed, the first batch alone made it 20 ms (100 ms / 5)
 
 
 def test_tune_recommends_the_least_wait_when_nothing_keeps_up():
@@ -291,9 +291,11 @@ def test_measure_wait_reports_an_injected_delay():
     assert "the data pipeline is the bottleneck" in str(report)
     quick = readers.measure_wait(slow_batches(11, 0.0))
     for _ in quick:
-        time.sleep(0.01)
-    assert quick.report()["wait_fraction"] < 0.1
-    assert "keeps up" in str(quick.report())
+        time.sleep(0.02)
+    waited = quick.report()["wait_fraction"]
+    assert waited < 0.1  # batches ready at once: what is left is the machine's scheduling
+    verdict_said = "keeps up" if keeps_up(waited, 1 - waited) else "is the bottleneck"
+    assert verdict_said in str(quick.report())  # the rule itself: with given numbers, below
 
 
 def test_the_stall_meter_judges_by_the_same_rule_as_tune():
