@@ -6,6 +6,14 @@ checkpoints that resume mid-epoch: the example docs/DISTRIBUTED.md walks through
 Run the same command again after a crash or preemption: it continues from the last
 checkpoint, in the middle of its epoch, on any number of processes. ``--stop-after N``
 stops after N steps, to try exactly that.
+
+It shuts down as docs/DISTRIBUTED.md ("Shut down cleanly") explains: ``destroy_process_group()``
+must drop the group's last reference, so that gloo's worker threads are joined while the
+interpreter is alive; a worker still dropping the last gradient all-reduce when the
+interpreter finalizes aborts the process (``terminate called without an active exception``).
+So the DDP model (its reducer holds the group) is gone first, ``train`` having returned, and
+``torch.distributed.nn`` is imported before the group exists: imported later (DDP does it),
+its functions keep the default group as default arguments for good.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before init_process_group: see "It shuts down" above
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -24,6 +33,15 @@ import readers
 
 
 def main() -> None:
+    args = parse_args()
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        train(args)  # returns with the DDP model, its reducer and their group references gone
+    finally:
+        dist.destroy_process_group()  # the group's last reference: joins its threads
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dataset", help="an imgpack dataset folder (any format)")
     parser.add_argument("--epochs", type=int, default=3)
@@ -33,10 +51,12 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=Path("checkpoint.pt"))
     parser.add_argument("--every", type=int, default=2, help="checkpoint every N steps")
     parser.add_argument("--stop-after", type=int, help="stop after N steps (a preemption)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def train(args: argparse.Namespace) -> None:
+    """Train on every rank until ``--epochs`` (or ``--stop-after``); all state stays local."""
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else None
 
@@ -83,14 +103,12 @@ def main() -> None:
             if step % args.every == 0 and rank == 0:
                 save(args.checkpoint, model, optimizer, loader, step)
             if args.stop_after is not None and step >= args.stop_after:
-                dist.destroy_process_group()
                 return
         dist.all_reduce(seen)
         if rank == 0:
             print(f"epoch {epoch}: {int(seen.item())} samples on {dist.get_world_size()} ranks")
     if rank == 0:
         save(args.checkpoint, model, optimizer, loader, step)
-    dist.destroy_process_group()
 
 
 def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader, step: int):

@@ -5,8 +5,8 @@ Launched either by ``torchrun`` (placement in ``RANK``/``WORLD_SIZE``) or as
 no environment at all, so DataLoader workers cannot guess their rank). Each rank reads
 every configured dataset through ``readers.make_loader`` from a *relative* path after a
 ``chdir``, does one ``all_reduce`` per batch (as DDP does), and writes per epoch the
-sample digests of each batch, ``len(loader)``, and the resume results, to
-``OUT/rank-R.json``.
+sample digests of each batch, ``len(loader)``, the resume results, and what still runs in
+the process once the group is destroyed (nothing should), to ``OUT/rank-R.json``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import readers
+from tests.at_exit import still_running
 
 TIMEOUT = datetime.timedelta(seconds=60)
 
@@ -116,10 +117,13 @@ def run_rank(rank: int, world_size: int, config: dict[str, Any]) -> None:
     try:
         os.chdir(config["cwd"])
         results = {spec["name"]: run_reader(spec, config) for spec in config["readers"]}
-        out = Path(config["out"]) / f"rank-{dist.get_rank()}.json"
-        out.write_text(json.dumps({"world_size": dist.get_world_size(), "readers": results}))
+        world = dist.get_world_size()
     finally:
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # the loaders are gone: this releases the group's last
+        # reference and joins its threads (docs/DISTRIBUTED.md, "Shut down cleanly")
+    out = Path(config["out"]) / f"rank-{rank}.json"
+    report = {"world_size": world, "readers": results, "after_shutdown": still_running()}
+    out.write_text(json.dumps(report))
 
 
 def _spawned(local_rank: int, world_size: int, config: dict[str, Any]) -> None:

@@ -2,8 +2,8 @@
 ``torchrun`` (environment) and by ``torch.multiprocessing.spawn`` (no environment), with
 DataLoader workers started by ``fork`` and ``spawn``, persistent and not, for every format
 and for the stream. Each rank is ``tests/dist_rank.py``; these tests check what the ranks
-wrote: exact epochs, equal batch counts, no hang, new orders per epoch, and resumption on
-the same and on another world size.
+wrote: exact epochs, equal batch counts, no hang, new orders per epoch, resumption on the
+same and on another world size, and nothing left running once the group is destroyed.
 """
 
 from __future__ import annotations
@@ -126,6 +126,10 @@ def check_epoch(per_rank: list[list[list[str]]], everything: list[str], drop_las
 def check_run(ranks: list[dict[str, Any]], datasets: dict[str, dict[str, Any]]) -> None:
     world = len(ranks)
     assert all(r["world_size"] == world for r in ranks)
+    # destroy_process_group joined gloo's threads; no decode thread or DataLoader worker is
+    # left for interpreter finalization to kill (docs/DISTRIBUTED.md, "Shut down cleanly")
+    nothing = {"native_threads": [], "python_threads": [], "children": []}
+    assert [r["after_shutdown"] for r in ranks] == [nothing] * world
     for name in ranks[0]["readers"]:
         results = [r["readers"][name] for r in ranks]
         everything = expected_digests(datasets[name]["root"])
