@@ -73,8 +73,8 @@ def _existing_paths(
     help="Centre-crop images to this size in the DataLoader runs, as training would: "
     "datasets through the readers' crop=readers.CenterCrop(SIZE), decoded straight into "
     "the batch; the image folder decodes each file whole and cuts the same box (zero-padded "
-    "where smaller, as torchvision's CenterCrop). Without it, images of different sizes "
-    "travel as lists.",
+    "where smaller, as torchvision's CenterCrop); a dataset stored at that size already is "
+    "read without a crop. Without it, images of different sizes travel as lists.",
 )
 @click.option(
     "--cold",
@@ -231,9 +231,10 @@ def recommended_call(path: Path, batch_size: int, crop: int | None, best: tuning
     "--crop",
     type=click.IntRange(min=1),
     help="Centre-crop images to this size while decoding, with crop=readers.CenterCrop(SIZE) "
-    "as training would (zero-padded where smaller; the figures include the crop's cost). "
-    "Images of one size stack into one tensor; without a crop, images of different sizes "
-    "travel as lists.",
+    "as training would (zero-padded where smaller; the figures include the crop's cost), "
+    "and print it in the recommended call; a dataset stored at that size already is "
+    "measured without it. Images of one size stack into one tensor; without a crop, images "
+    "of different sizes travel as lists.",
 )
 @click.pass_context
 def tune(
