@@ -33,7 +33,7 @@ class SampleCrcs:
             raise DatasetError(
                 f"{where}: {crcs.dtype}{list(crcs.shape)} CRC-32s for {samples} samples"
             )
-        self._crcs = None if crcs is None else crcs.astype(np.int64, copy=False)
+        self._crcs = crcs  # as the shard keeps them: a view of the mmap'd shard for pt
         self._where = where
 
     def check(self, i: int, data: bytes | memoryview | np.ndarray) -> None:

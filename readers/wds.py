@@ -99,7 +99,7 @@ class WdsShard:
         self._paths = PathTable(index["paths"])
         self.labels = np.asarray(index["labels"], dtype=np.int64)
         crcs = index.get(spec.WDS_CRC_COLUMN)
-        crcs_array = None if crcs is None else np.asarray(crcs, dtype=np.int64)
+        crcs_array = None if crcs is None else np.asarray(crcs, dtype=np.uint32)
         self._crcs = SampleCrcs(crcs_array, self._path, len(self.labels))
         self._npy_headers: set[bytes] = set()  # .npy headers npy_pixels accepted here
 
