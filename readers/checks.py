@@ -75,14 +75,18 @@ def npy_pixels(data: bytes, where: str, shape: tuple[int, int, int] | None) -> n
     return np.frombuffer(data, dtype=np.uint8, offset=length).reshape(dims).copy()
 
 
+_NPY_HEADER_LIMIT = 4096  # np.save writes 128 bytes for a 3-D uint8 array
+
+
 def _npy_header_length(data: bytes) -> int:
     """Bytes of the header a ``.npy`` member's first bytes announce (versions 1, 2 and 3
-    store its length in 2 or 4 bytes); for anything else a prefix NumPy will refuse."""
+    store its length in 2 or 4 bytes), at most 4 KiB; for anything else a prefix that
+    NumPy will refuse. (The cache of parsed headers is keyed by these bytes.)"""
     if data[:6] != b"\x93NUMPY" or len(data) < 12:
         return min(len(data), 12)
     if data[6] == 1:
-        return 10 + int.from_bytes(data[8:10], "little")
-    return 12 + int.from_bytes(data[8:12], "little")
+        return min(10 + int.from_bytes(data[8:10], "little"), _NPY_HEADER_LIMIT)
+    return min(12 + int.from_bytes(data[8:12], "little"), _NPY_HEADER_LIMIT)
 
 
 @functools.lru_cache(maxsize=256)
