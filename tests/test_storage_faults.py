@@ -1,6 +1,7 @@
 """Storage faults against a real S3-compatible server (moto's) on loopback, through real
 ``imgpack`` subprocesses and the readers: an unreachable endpoint, the server stopped
-mid-upload, no credentials, permission denied (moto's IAM checks), a missing bucket.
+mid-upload, no credentials, permission denied (moto's IAM checks), a missing bucket; and,
+through the readers, a server that drops or stalls the connection (a loopback socket).
 
 Each is one line naming the URL and the cause, never a traceback (``--debug`` shows it);
 the readers raise :class:`readers.StorageError`. Clients retry once here (AWS_MAX_ATTEMPTS)
@@ -9,10 +10,13 @@ so that the tests wait less; the messages are those of the default retries.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,3 +228,48 @@ def test_the_server_stopped_mid_upload_is_one_line_with_the_uploaded_count(tmp_p
             dataset[0]
         with pytest.raises(readers.StorageError, match=cause):  # raised in a worker
             next(iter(stream))
+
+
+@contextlib.contextmanager
+def misbehaving_endpoint(drop: bool) -> Iterator[str]:
+    """A loopback TCP server that reads each request, then closes the connection (``drop``)
+    or never answers; yields its URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):  # the listener closed: done
+            while True:
+                connection, _ = listener.accept()
+                connection.recv(65536)
+                if drop:
+                    connection.close()
+                else:
+                    held.append(connection)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+        for connection in held:
+            connection.close()
+        thread.join(timeout=10)
+
+
+@pytest.mark.parametrize(("drop", "why"), [(True, "connection lost"), (False, "timed out")])
+def test_a_server_that_drops_or_stalls_the_connection_is_named(drop, why):
+    with misbehaving_endpoint(drop) as endpoint:
+        options = {
+            "endpoint_url": endpoint,
+            "key": "testing",
+            "secret": "testing",
+            # one attempt per request by botocore, each waiting 1 s (s3fs still retries 5 times)
+            "config_kwargs": {"read_timeout": 1, "retries": {"max_attempts": 1}},
+        }
+        cause = f"cannot reach the storage endpoint {endpoint} ({why})"
+        with pytest.raises(
+            readers.StorageError, match=re.escape(f"{DATASET}/imgpack.json: {cause}")
+        ):
+            readers.open_dataset(DATASET, storage_options=options)
