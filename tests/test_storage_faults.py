@@ -235,37 +235,44 @@ def misbehaving_endpoint(drop: bool) -> Iterator[str]:
     """A loopback TCP server that reads each request, then closes the connection (``drop``)
     or never answers; yields its URL."""
     listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)  # so that the loop sees ``stop``
+    stop = threading.Event()
     held: list[socket.socket] = []
 
     def serve() -> None:
-        with contextlib.suppress(OSError):  # the listener closed: done
-            while True:
+        while not stop.is_set():
+            try:
                 connection, _ = listener.accept()
-                connection.recv(65536)
-                if drop:
-                    connection.close()
-                else:
-                    held.append(connection)
+            except TimeoutError:
+                continue
+            connection.recv(65536)
+            if drop:
+                connection.close()
+            else:
+                held.append(connection)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
+        stop.set()
+        thread.join(timeout=10)
         listener.close()
         for connection in held:
             connection.close()
-        thread.join(timeout=10)
 
 
 @pytest.mark.parametrize(("drop", "why"), [(True, "connection lost"), (False, "timed out")])
-def test_a_server_that_drops_or_stalls_the_connection_is_named(drop, why):
+def test_a_server_that_drops_or_stalls_the_connection_is_named(drop, why, monkeypatch):
+    # s3fs retries each read 5 x 5 times (nested), which is 25 s of timeouts here: once
+    monkeypatch.setattr(fsspec.get_filesystem_class("s3"), "retries", 1)
     with misbehaving_endpoint(drop) as endpoint:
         options = {
             "endpoint_url": endpoint,
             "key": "testing",
             "secret": "testing",
-            # one attempt per request by botocore, each waiting 1 s (s3fs still retries 5 times)
+            # one attempt per request by botocore, each waiting 1 s for an answer
             "config_kwargs": {"read_timeout": 1, "retries": {"max_attempts": 1}},
         }
         cause = f"cannot reach the storage endpoint {endpoint} ({why})"
