@@ -1,26 +1,28 @@
 """``make_loader``: the right DataLoader for any imgpack dataset, on one process or many.
 
-It picks :class:`readers.EpochSampler` for the map-style readers or :class:`readers.WdsStream`
-for streaming, places the process by ``torch.distributed`` (or ``RANK``/``WORLD_SIZE``, or
-explicit arguments), and wraps the DataLoader in a :class:`Loader` that counts the batches
-it hands out, so that ``state_dict()`` says exactly where the epoch stands on every rank.
+It picks :class:`readers.EpochSampler` for the map-style readers (over the whole dataset or
+a subset of it) or :class:`readers.WdsStream` for streaming, places the process by
+``torch.distributed`` (or ``RANK``/``WORLD_SIZE``, or explicit arguments), and wraps the
+DataLoader in a :class:`Loader` that counts the batches it hands out, so that
+``state_dict()`` says exactly where the epoch stands on every rank.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from torch.utils.data import DataLoader
+import numpy as np
+from torch.utils.data import DataLoader, Subset
 
 from readers.base import ImageDataset, Transform
 from readers.batch import collate, collate_any
 from readers.crop import Crop
 from readers.manifest import load_manifest
-from readers.plan import EpochState, Split, resolve_rank
+from readers.plan import EpochState, Split, require_full_batches, resolve_rank
 from readers.registry import open_dataset
-from readers.sampler import EpochSampler
+from readers.sampler import EpochSampler, selected_indices
 from readers.stream import WdsStream
 
 __all__ = ["Loader", "make_loader"]
@@ -46,7 +48,7 @@ class Loader:
         self.source = source
         self._make_dataloader = make_dataloader
         self.dataloader = make_dataloader()
-        self._state = EpochState.start(0, source.seed, source.num_samples)
+        self._state = source.start_state(0)
         self._split: Split | None = None  # of the iteration in progress
         self._batches = 0  # yielded by it
         self._generation = 0  # bumped to detach an abandoned iterator
@@ -63,7 +65,7 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch`` next, from its start; keeps a loaded state of the same epoch."""
         if epoch != self._current().epoch:
-            self._restart(EpochState.start(epoch, self.source.seed, self.source.num_samples))
+            self._restart(self.source.start_state(epoch))
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch, seed, samples consumed, world size and the position ranges left."""
@@ -71,7 +73,7 @@ class Loader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the rest of its epoch on this world size, then onwards."""
-        self._restart(EpochState.from_dict(state, self.source.num_samples, self.source.seed))
+        self._restart(self.source.loaded_state(state))
 
     def __len__(self) -> int:
         return self.source.split(self._current()).batches
@@ -116,9 +118,10 @@ class Loader:
 
 
 def make_loader(
-    path: str | os.PathLike[str] | ImageDataset,
+    path: str | os.PathLike[str] | ImageDataset | Subset,
     batch_size: int,
     *,
+    indices: Sequence[int] | np.ndarray | None = None,
     shuffle: bool = True,
     seed: int = 0,
     num_workers: int = 0,
@@ -139,9 +142,13 @@ def make_loader(
     """Build a :class:`Loader` for the imgpack dataset at ``path`` (any format).
 
     Args:
-        path: a dataset folder or URL (``s3://bucket/prefix``), or a map-style dataset
-            already opened.
+        path: a dataset folder or URL (``s3://bucket/prefix``), a map-style dataset
+            already opened, or a ``torch.utils.data.Subset`` of one (what ``random_split``
+            returns; nested subsets too): then only its samples are read.
         batch_size: samples per batch on each rank.
+        indices: read only these samples (of the subset, when ``path`` is one): epochs,
+            shares, ``len()`` and the resumable state are over them, and a state saved over
+            other samples is refused. Map-style only.
         shuffle: a new seeded order every epoch (the same on every rank).
         seed: base of every epoch's order; use the same on every rank.
         num_workers: DataLoader worker processes.
@@ -150,7 +157,8 @@ def make_loader(
             processes; ``True`` requires that; ``False`` gives every process everything.
         drop_last: drop what does not divide evenly (at most ``world_size - 1`` samples, and
             each rank's short last batch) instead of repeating up to ``world_size - 1``
-            samples so that every sample is read.
+            samples so that every sample is read. With fewer samples than ``world_size *
+            batch_size`` every epoch would be empty: that is a ``ValueError``.
         stream: read a ``wds`` dataset with :class:`WdsStream` (sequential passes, for slow
             or remote storage) instead of by random access.
         shuffle_buffer: the stream's shuffle window, in samples.
@@ -171,9 +179,15 @@ def make_loader(
     if taken:
         raise ValueError(f"make_loader chooses {', '.join(taken)} itself; do not pass it")
     rank, world_size = _placement(distributed, rank, world_size)
+    path, indices = _unwrap_subset(path, indices)
     dataloader_kwargs.setdefault("collate_fn", collate if decode else collate_any)
     source: EpochSampler | WdsStream
     if stream:
+        if indices is not None:
+            raise ValueError(
+                "stream=True reads whole passes over a wds dataset's shards: read a subset "
+                "map-style (stream=False)"
+            )
         root = path.manifest.location if isinstance(path, ImageDataset) else path
         if load_manifest(root, storage_options=storage_options).format != "wds":
             raise ValueError(f"{root}: stream=True reads wds datasets only")
@@ -190,6 +204,8 @@ def make_loader(
             rank=rank,
             world_size=world_size,
         )
+        if drop_last:
+            require_full_batches(source.num_samples, source.world_size, batch_size)
         dataset: Any = source
         sampler = None
     else:
@@ -213,6 +229,7 @@ def make_loader(
             batch_size=batch_size,
             rank=rank,
             world_size=world_size,
+            indices=indices,
         )
 
     def make_dataloader() -> DataLoader:
@@ -225,6 +242,26 @@ def make_loader(
         )
 
     return Loader(source, make_dataloader)
+
+
+def _unwrap_subset(
+    path: Any, indices: Sequence[int] | np.ndarray | None
+) -> tuple[str | os.PathLike[str] | ImageDataset, np.ndarray | None]:
+    """The imgpack dataset (or its location) under any ``Subset`` layers, and the indices
+    of it to read: ``indices`` taken within the outermost subset, through every layer."""
+    chosen = None if indices is None else np.asarray(indices)
+    layers = 0
+    while isinstance(path, Subset):
+        layer = np.asarray(path.indices)
+        chosen = layer if chosen is None else layer[selected_indices(chosen, len(layer))]
+        path, layers = path.dataset, layers + 1
+    if not isinstance(path, str | os.PathLike | ImageDataset):
+        what = "a Subset of " * layers + type(path).__name__
+        raise TypeError(
+            "make_loader reads an imgpack dataset: a folder or URL, a dataset opened by "
+            f"readers.open_dataset, or a torch Subset of one; not {what}"
+        )
+    return path, chosen
 
 
 def _placement(

@@ -17,6 +17,10 @@ The rule, shared by the map-style sampler and the stream:
   DataLoader workers read every ``num_workers``-th batch of it, and the DataLoader takes
   one batch of each worker in turn, so the order does not depend on the number of workers.
 
+A subset of a dataset (``make_loader(path, indices=...)``, a ``Subset``) is an epoch over
+its own ``N`` positions, each naming one of its samples; a state saved over it carries the
+subset's fingerprint, so that a loader over other samples refuses it.
+
 Because every rank yields the same number of batches, any rank can tell which positions
 every rank has consumed after ``k`` batches (the first ``k`` batches of every slice); a
 resumed run, with any world size, splits the rest the same way, and on the same world size
@@ -26,6 +30,7 @@ resuming costs O(ranks) range arithmetic (and one permutation of the epoch's ord
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +48,9 @@ __all__ = [
     "Split",
     "epoch_permutation",
     "positions",
+    "require_full_batches",
     "resolve_rank",
+    "subset_digest",
     "subtract",
     "take",
     "total",
@@ -76,6 +83,31 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tupl
     if world_size is None or world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of size {world_size}")
     return rank, world_size
+
+
+def require_full_batches(num_samples: int, world_size: int, batch_size: int) -> None:
+    """With ``drop_last``, refuse an epoch in which no rank has a full batch: every epoch
+    would be empty, and a training loop would run without a step and without a word."""
+    if num_samples // world_size >= batch_size:
+        return
+    fixes = ["drop_last=False (pads with at most world_size - 1 repeats)"]
+    if num_samples >= world_size:
+        fixes.append(f"batch_size={num_samples // world_size} or less")
+    fixes.append("fewer ranks")
+    raise ValueError(
+        f"drop_last=True: {num_samples} samples cannot give each of {world_size} ranks a "
+        f"full batch of {batch_size} ({world_size * batch_size} needed), so every epoch would "
+        f"be empty; use {', or '.join(fixes)}"
+    )
+
+
+def subset_digest(indices: np.ndarray) -> str:
+    """A short fingerprint of the dataset indices a subset reads, in their order."""
+    return hashlib.sha1(np.ascontiguousarray(indices, "<i8").tobytes()).hexdigest()[:16]
+
+
+def _reads(subset: str | None) -> str:
+    return "the whole dataset" if subset is None else f"the subset {subset}"
 
 
 def total(ranges: Sequence[tuple[int, int]]) -> int:
@@ -151,7 +183,8 @@ def _merge_adjacent(ranges: list[tuple[int, int]]) -> Ranges:
 
 @dataclass(frozen=True)
 class EpochState:
-    """Where a run stands: the epoch, its seed and the positions not yet read by any rank.
+    """Where a run stands: the epoch, its seed and the positions not yet read by any rank,
+    and, over a subset of the dataset, that subset's :func:`subset_digest`.
 
     ``state_dict()``/``from_dict`` give the small JSON-ready dict checkpoints store.
     """
@@ -160,10 +193,13 @@ class EpochState:
     seed: int
     num_samples: int
     remaining: Ranges
+    subset: str | None = None
 
     @classmethod
-    def start(cls, epoch: int, seed: int, num_samples: int) -> EpochState:
-        return cls(epoch, seed, num_samples, ((0, num_samples),) if num_samples else ())
+    def start(
+        cls, epoch: int, seed: int, num_samples: int, subset: str | None = None
+    ) -> EpochState:
+        return cls(epoch, seed, num_samples, ((0, num_samples),) if num_samples else (), subset)
 
     @property
     def fresh(self) -> bool:
@@ -175,11 +211,11 @@ class EpochState:
         once every rank has had its whole slice."""
         left = split.after(consumed)
         if not left:
-            return EpochState.start(self.epoch + 1, self.seed, self.num_samples)
-        return EpochState(self.epoch, self.seed, self.num_samples, left)
+            return EpochState.start(self.epoch + 1, self.seed, self.num_samples, self.subset)
+        return EpochState(self.epoch, self.seed, self.num_samples, left, self.subset)
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
-        return {
+        state = {
             "version": STATE_VERSION,
             "epoch": self.epoch,
             "seed": self.seed,
@@ -188,21 +224,32 @@ class EpochState:
             "world_size": world_size,
             "remaining": [list(r) for r in self.remaining],
         }
+        if self.subset is not None:  # absent for the whole dataset, as before subsets
+            state["subset"] = self.subset
+        return state
 
     @classmethod
-    def from_dict(cls, state: dict[str, Any], num_samples: int, seed: int) -> EpochState:
-        """Check a stored state against this dataset and seed; ValueError names the field."""
+    def from_dict(
+        cls, state: dict[str, Any], num_samples: int, seed: int, subset: str | None = None
+    ) -> EpochState:
+        """Check a stored state against this dataset (or subset) and seed; ValueError names
+        the field."""
         try:
             version, epoch = state["version"], state["epoch"]
             stored_n, stored_seed = state["num_samples"], state["seed"]
+            stored_subset = state.get("subset")
             remaining = tuple((int(lo), int(hi)) for lo, hi in state["remaining"])
-        except (KeyError, TypeError, ValueError) as e:
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not an imgpack loader state: {e!r}") from None
         if version != STATE_VERSION:
             raise ValueError(f"loader state version {version!r}, expected {STATE_VERSION}")
         if stored_n != num_samples:
             raise ValueError(
                 f"loader state is for {stored_n} samples, this dataset has {num_samples}"
+            )
+        if stored_subset != subset:
+            raise ValueError(
+                f"loader state is for {_reads(stored_subset)}, this loader reads {_reads(subset)}"
             )
         if stored_seed != seed:
             raise ValueError(f"loader state has seed {stored_seed}, this loader {seed}")
@@ -211,7 +258,7 @@ class EpochState:
             raise ValueError("loader state has ranges outside the epoch")
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"loader state has an invalid epoch {epoch!r}")
-        return cls(epoch, seed, num_samples, remaining)
+        return cls(epoch, seed, num_samples, remaining, subset)
 
 
 @dataclass(frozen=True)
@@ -290,12 +337,23 @@ class Split:
 
 class EpochSource:
     """What the map-style sampler and the stream share: the state the next iteration
-    starts from and how it is dealt (subclasses set these four attributes)."""
+    starts from and how it is dealt (subclasses set these attributes)."""
 
     _state: EpochState
+    seed: int
+    num_samples: int
     world_size: int
     drop_last: bool
     batch_size: int | None
+    subset: str | None = None  # the subset_digest of the samples read, None for all
+
+    def start_state(self, epoch: int) -> EpochState:
+        """The start of epoch ``epoch`` over what this source reads."""
+        return EpochState.start(epoch, self.seed, self.num_samples, self.subset)
+
+    def loaded_state(self, state: dict[str, Any]) -> EpochState:
+        """``state`` (a ``state_dict``), checked against what this source reads."""
+        return EpochState.from_dict(state, self.num_samples, self.seed, self.subset)
 
     @property
     def epoch(self) -> int:

@@ -13,8 +13,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from torch.utils.data import DataLoader
+import torch
+from torch.utils.data import DataLoader, Subset, random_split
 
 import readers
 from readers import plan
@@ -351,3 +353,127 @@ def test_stream_resumes_under_statefuldataloader(roots, workers):
         resumed = make()
         resumed.load_state_dict(state)
         assert first + digests(resumed) == whole
+
+
+# --- subsets -------------------------------------------------------------------------------------
+SUBSET = [30, 1, 2, 3, 5, 8, 13, 21, 17, 11, 0]  # 11 of the 32, out of order
+
+
+def fork_workers(workers: int) -> dict[str, Any]:
+    return {"num_workers": workers, **({"multiprocessing_context": "fork"} if workers else {})}
+
+
+@pytest.mark.parametrize("how", ["indices", "Subset"])
+def test_a_subset_is_read_exactly_every_epoch_across_ranks(roots, how):
+    ds = readers.open_dataset(roots["lmdb"])
+
+    def make(rank: int) -> readers.Loader:
+        kwargs = {"seed": 3, "rank": rank, "world_size": 2, **fork_workers(2)}
+        if how == "indices":
+            return readers.make_loader(roots["lmdb"], 3, indices=SUBSET, **kwargs)
+        return readers.make_loader(Subset(ds, SUBSET), 3, **kwargs)
+
+    loaders = [make(rank) for rank in range(2)]
+    assert [len(loader) for loader in loaders] == [2, 2]  # 6 of 11 each, one padding repeat
+    subset = {digest(*ds[i]) for i in SUBSET}
+    epochs = [[digests(loader) for loader in loaders] for _ in range(2)]
+    for per_rank in epochs:
+        seen = Counter(d for batches in per_rank for d in flat(batches))
+        assert set(seen) == subset and sum(seen.values()) == 12
+    assert epochs[0] != epochs[1]  # a new order of the same samples
+
+
+def test_random_split_parts_are_read_disjointly_and_together_completely(roots):
+    ds = readers.open_dataset(roots["pt"])
+    parts = random_split(ds, [24, 8], generator=torch.Generator().manual_seed(0))
+    seen = [Counter(flat(digests(readers.make_loader(p, 4, **fork_workers(2))))) for p in parts]
+    assert [sum(c.values()) for c in seen] == [24, 8]
+    assert not set(seen[0]) & set(seen[1])
+    assert set(seen[0]) | set(seen[1]) == every_sample(roots["pt"])
+
+
+def test_nested_subsets_and_indices_compose(roots):
+    ds = readers.open_dataset(roots["hdf5"])
+    outer = Subset(Subset(ds, list(range(4, 24))), [19, 0, 5, 7])  # samples 23, 4, 9, 11
+    loader = readers.make_loader(outer, 2, indices=torch.tensor([3, 0]), shuffle=False)
+    assert flat(digests(loader)) == [digest(*ds[11]), digest(*ds[23])]
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["main", "fork2"])
+def test_a_subset_resumes_mid_epoch_exactly_and_on_another_world_size(roots, workers):
+    ds = readers.open_dataset(roots["pt"])
+
+    def make(rank: int, world: int) -> readers.Loader:
+        subset = Subset(ds, SUBSET)
+        return readers.make_loader(
+            subset, 2, seed=8, rank=rank, world_size=world, **fork_workers(workers)
+        )
+
+    whole = [digests(make(rank, 2)) for rank in range(2)]  # 6 each: 3 batches
+    interrupted = [make(rank, 2) for rank in range(2)]
+    first = [take_batches(loader, 1) for loader in interrupted]
+    assert first == [batches[:1] for batches in whole]
+    state = json.loads(json.dumps(interrupted[0].state_dict()))
+    assert state == interrupted[1].state_dict()
+    assert state["num_samples"] == 11 and state["subset"]
+    assert state["samples_consumed"] == 3  # 11 - 8 positions left (one of them padding)
+    for rank in range(2):  # the same world size: exactly the rest
+        resumed = make(rank, 2)
+        resumed.load_state_dict(state)
+        assert digests(resumed) == whole[rank][1:]
+    rest = []
+    for rank in range(3):  # three ranks: the rest of the subset, and nothing from outside it
+        resumed = make(rank, 3)
+        resumed.load_state_dict(state)
+        rest.extend(flat(digests(resumed)))
+    seen = Counter(flat(first[0]) + flat(first[1]) + rest)
+    assert set(seen) == {digest(*ds[i]) for i in SUBSET}
+    assert sum(seen.values()) == 13  # 1 padding repeat of the 2-rank split, 1 of the 3-rank one
+
+
+def test_a_state_saved_over_another_subset_is_refused(roots):
+    ds = readers.open_dataset(roots["pt"])
+    state = readers.make_loader(Subset(ds, SUBSET), 2).state_dict()
+    other = Subset(ds, list(range(11)))
+    with pytest.raises(ValueError, match=r"loader state is for the subset .*, this loader reads"):
+        readers.make_loader(other, 2).load_state_dict(state)
+    reversed_all = Subset(ds, list(range(N))[::-1])  # as many samples as the whole dataset
+    whole = readers.make_loader(roots["pt"], 2).state_dict()
+    with pytest.raises(ValueError, match="for the whole dataset, this loader reads the subset"):
+        readers.make_loader(reversed_all, 2).load_state_dict(whole)
+
+
+def test_bad_indices_and_subsets_are_refused_naming_the_problem(roots):
+    root = roots["pt"]
+    with pytest.raises(ValueError, match=r"33 .*outside 0\.\.31"):
+        readers.make_loader(root, 4, indices=[0, 33])
+    with pytest.raises(ValueError, match=r"-1 .*outside"):
+        readers.make_loader(root, 4, indices=[-1])
+    with pytest.raises(ValueError, match="integers"):
+        readers.make_loader(root, 4, indices=[0.5])
+    with pytest.raises(ValueError, match="boolean"):
+        readers.make_loader(root, 4, indices=np.ones(N, bool))
+    with pytest.raises(ValueError, match="no sample"):
+        readers.make_loader(root, 4, indices=[])
+    with pytest.raises(ValueError, match="map-style"):
+        readers.make_loader(roots["stream"], 4, stream=True, indices=[1])
+    with pytest.raises(TypeError, match="imgpack dataset"):
+        readers.make_loader(Subset(list(range(5)), [1]), 4)
+
+
+# --- drop_last with too few samples --------------------------------------------------------------
+@pytest.mark.parametrize("name", ["pt", "stream"])
+def test_drop_last_refuses_an_epoch_without_a_full_batch_per_rank(roots, name):
+    with pytest.raises(ValueError, match=r"32 samples .* 5 ranks .* batch of 8"):
+        build(roots, name, batch_size=8, drop_last=True, rank=0, world_size=5)
+    exact = build(roots, name, batch_size=8, drop_last=True, rank=3, world_size=4)
+    assert len(exact) == 1 and len(flat(digests(exact))) == 8  # just enough: one batch each
+    assert len(build(roots, name, batch_size=8, rank=0, world_size=5)) == 1  # padded, not dropped
+
+
+def test_epoch_sampler_refuses_an_empty_drop_last_epoch_too(roots):
+    with pytest.raises(ValueError, match="drop_last"):
+        readers.EpochSampler(32, drop_last=True, batch_size=8, rank=0, world_size=5)
+    ds = readers.open_dataset(roots["pt"])
+    with pytest.raises(ValueError, match="10 samples"):  # counted in the subset
+        readers.make_loader(Subset(ds, range(10)), 4, drop_last=True, rank=0, world_size=3)
