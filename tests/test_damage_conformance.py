@@ -2,9 +2,9 @@
 
 A sample's stored bytes are damaged in place (the shard keeps its size, so only its SHA-256
 changes), then the whole dataset is read through each path a training script may take:
-``ds[i]``, ``__getitems__`` (the batch path of DataLoader and make_loader), ``crop=``
-(decoded straight into the batch), the stream (``wds``), and make_loader with a DataLoader
-worker. The outcome must be what ``ds[i]`` gives:
+``ds[i]``, ``__getitems__`` (the batch path of DataLoader and make_loader), ``decode=False``
+(bytes for GPU decoding), ``crop=`` (decoded straight into the batch), the stream
+(``wds``), and make_loader with a DataLoader worker. The outcome must be what ``ds[i]`` gives:
 
 - an encoded sample (``jpeg``, ``original``) whose bytes changed fails its CRC-32 (recorded
   at conversion) with the same ``DatasetError`` naming ``shard[index]`` on every path, even
@@ -142,6 +142,8 @@ def by_loader(root: Path, **kwargs) -> list[torch.Tensor]:
 PATHS: dict[str, tuple[Read, bool]] = {  # name: (read, whether it crops)
     "ds[i]": (by_index, False),
     "__getitems__": (by_batch, False),
+    "decode=False ds[i]": (lambda root: by_index(root, decode=False), False),
+    "decode=False __getitems__": (lambda root: by_batch(root, decode=False), False),
     "crop ds[i]": (lambda root: by_index(root, crop=_crop()), True),
     "crop __getitems__": (lambda root: by_batch(root, crop=_crop()), True),
     "WdsStream": (by_stream, False),
