@@ -25,20 +25,22 @@ Because every rank yields the same number of batches, any rank can tell which po
 every rank has consumed after ``k`` batches (the first ``k`` batches of every slice); a
 resumed run, with any world size, splits the rest the same way, and on the same world size
 continues exactly as the uninterrupted run would have. Nothing here touches the data:
-resuming costs O(ranks) range arithmetic (and one permutation of the epoch's order).
+resuming costs O(ranks) range arithmetic (:mod:`readers.ranges`) and one permutation of
+the epoch's order.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import pairwise
 from typing import Any
 
 import numpy as np
+
+from readers.ranges import Ranges, merge_adjacent, positions, subtract, take, total, wrapped
 
 __all__ = [
     "BlockOrder",
@@ -56,8 +58,6 @@ __all__ = [
     "total",
     "wrapped",
 ]
-
-Ranges = tuple[tuple[int, int], ...]
 
 STATE_VERSION = 1
 
@@ -108,77 +108,6 @@ def subset_digest(indices: np.ndarray) -> str:
 
 def _reads(subset: str | None) -> str:
     return "the whole dataset" if subset is None else f"the subset {subset}"
-
-
-def total(ranges: Sequence[tuple[int, int]]) -> int:
-    return sum(stop - start for start, stop in ranges)
-
-
-def take(ranges: Sequence[tuple[int, int]], start: int, count: int) -> Ranges:
-    """Positions ``[start, start + count)`` of the concatenated ``ranges``, as ranges."""
-    out: list[tuple[int, int]] = []
-    skip, left = start, count
-    for lo, hi in ranges:
-        if left <= 0:
-            break
-        if skip >= hi - lo:
-            skip -= hi - lo
-            continue
-        n = min(hi - lo - skip, left)
-        out.append((lo + skip, lo + skip + n))
-        skip, left = 0, left - n
-    if left > 0:
-        raise ValueError(f"{count} positions from {start} run past the {total(ranges)} there are")
-    return _merge_adjacent(out)
-
-
-def wrapped(ranges: Sequence[tuple[int, int]], num_samples: int) -> Ranges:
-    """``ranges`` with padding positions (``>= num_samples``) mapped back into the epoch:
-    position ``p`` reads what position ``p % num_samples`` reads."""
-    out = []
-    for lo, hi in ranges:
-        while lo < hi:
-            base = lo - lo % num_samples
-            stop = min(hi, base + num_samples)
-            out.append((lo - base, stop - base))
-            lo = stop
-    return tuple(out)
-
-
-def subtract(ranges: Sequence[tuple[int, int]], minus: Sequence[tuple[int, int]]) -> Ranges:
-    """``ranges`` without any position in ``minus``, keeping the order of ``ranges``."""
-    cuts = sorted(minus)
-    out: list[tuple[int, int]] = []
-    for lo, hi in ranges:
-        pieces = [(lo, hi)]
-        for c_lo, c_hi in cuts:
-            if c_hi <= lo or c_lo >= hi:
-                continue
-            pieces = [
-                part
-                for p_lo, p_hi in pieces
-                for part in ((p_lo, min(p_hi, c_lo)), (max(p_lo, c_hi), p_hi))
-                if part[0] < part[1]
-            ]
-        out.extend(pieces)
-    return _merge_adjacent(out)
-
-
-def positions(ranges: Sequence[tuple[int, int]]) -> np.ndarray:
-    """Every position of ``ranges``, in order, as an int64 array."""
-    if not ranges:
-        return np.empty(0, np.int64)
-    return np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in ranges])
-
-
-def _merge_adjacent(ranges: list[tuple[int, int]]) -> Ranges:
-    out: list[tuple[int, int]] = []
-    for lo, hi in ranges:
-        if out and out[-1][1] == lo:
-            out[-1] = (out[-1][0], hi)
-        else:
-            out.append((lo, hi))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -303,7 +232,7 @@ class Split:
         each worker in turn, so the rank yields its slice in order, whatever the number of
         workers (only the last batch is short)."""
         mine = self.rank_ranges(rank)
-        return _merge_adjacent(
+        return merge_adjacent(
             [
                 r
                 for first in range(
