@@ -55,6 +55,8 @@ class Loader:
 
     @property
     def dataset(self) -> Any:
+        """What the DataLoader reads: over a subset, the whole dataset under it (the sampler
+        hands out the subset's indices of it), so ``classes`` and the like are there."""
         return self.dataloader.dataset
 
     @property
