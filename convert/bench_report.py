@@ -104,7 +104,8 @@ def plot(results: list[dict[str, Any]], workers: tuple[int, ...], out: Path) -> 
         import matplotlib.pyplot as plt
     except ImportError:
         raise RuntimeError(
-            "--plot needs matplotlib: pip install 'imgpack[plot]' (or pip install matplotlib)"
+            "--plot needs matplotlib: pip install -e '.[plot]' in the imgpack checkout "
+            "(or pip install matplotlib)"
         ) from None
     fig, (cdf, bars) = plt.subplots(1, 2, figsize=(13, 5))
     for k, r in enumerate(results):

@@ -212,8 +212,8 @@ def _check_samples(
             value = reader.read(i)
             path = reader.path(i)
             pixels = value if isinstance(value, np.ndarray) else decode_image(value)
-        except (ValueError, OSError) as e:
-            return b"", str(e)
+        except (ValueError, OSError) as e:  # the reader's own errors name shard[i] already
+            return b"", str(e).removeprefix(f"{where}[{i}]: ")
         digest = spec.sample_digest(int(labels[i]), path, value)
         shape = tuple(pixels.shape)
         if pixels.dtype != np.uint8 or len(shape) != 3 or shape[2] != 3:

@@ -129,7 +129,9 @@ def test_deep_names_a_sample_that_does_not_decode(dataset_copy, fmt):
     reseal(root, 1)
     assert verify(root).exit_code == 0
     # The reader's CRC-32 of the sample fails before any decode (readers.checks).
-    assert_caught(verify(root, "--deep"), f"{shard}[3] (sample 13): ", "fail their CRC-32")
+    deep = verify(root, "--deep")
+    assert_caught(deep, f"{shard}[3] (sample 13): stored bytes fail their CRC-32")
+    assert deep.output.count(f"{shard}[3]") == 1  # named once, not by verify and the reader
 
 
 def test_counts_that_disagree_with_the_shards_are_caught(dataset_copy):
