@@ -95,8 +95,9 @@ def headers(workers: tuple[int, ...]) -> list[str]:
     ]
 
 
-def plot(results: list[dict[str, Any]], workers: tuple[int, ...], out: Path) -> None:
-    """Latency CDFs (log x) per path and the throughput bars, into ``out`` (a PNG)."""
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend; checked before a bench runs, so
+    that a missing matplotlib is said before minutes of measuring, not after."""
     try:
         import matplotlib
 
@@ -107,6 +108,12 @@ def plot(results: list[dict[str, Any]], workers: tuple[int, ...], out: Path) -> 
             "--plot needs matplotlib: pip install -e '.[plot]' in the imgpack checkout "
             "(or pip install matplotlib)"
         ) from None
+    return plt
+
+
+def plot(results: list[dict[str, Any]], workers: tuple[int, ...], out: Path) -> None:
+    """Latency CDFs (log x) per path and the throughput bars, into ``out`` (a PNG)."""
+    plt = pyplot()
     fig, (cdf, bars) = plt.subplots(1, 2, figsize=(13, 5))
     for k, r in enumerate(results):
         name = f"{path_name(r['path'])} ({r['kind']})"

@@ -87,7 +87,8 @@ def _existing_paths(
     "--plot",
     "plot_path",
     type=click.Path(path_type=Path),
-    help="Draw latency CDFs and throughput bars to this PNG (needs imgpack[plot]).",
+    help="Draw latency CDFs and throughput bars to this PNG (needs matplotlib: "
+    "pip install -e '.[plot]' in the checkout).",
 )
 @click.option("--progress/--no-progress", default=None, help="Progress bar [default: on a tty].")
 @click.pass_context
@@ -122,6 +123,11 @@ def bench(
     imgpack bench /data/in1k-pt /data/in1k-wds ~/imagenet/train --workers 0,2,4 --plot b.png
     """
     disable = None if progress is None else not progress  # None: on when stderr is a tty
+    if plot_path is not None:
+        try:
+            report.pyplot()
+        except RuntimeError as e:
+            fail(ctx, e)
     bar = tqdm(total=measure.steps(list(paths), repeats, workers), disable=disable, unit="step")
     try:
         results = []
@@ -161,10 +167,7 @@ def bench(
         json_path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
         click.echo(f"every figure: {json_path}")
     if plot_path is not None:
-        try:
-            report.plot(results, workers, plot_path)
-        except RuntimeError as e:
-            fail(ctx, e)
+        report.plot(results, workers, plot_path)
         click.echo(f"plot: {plot_path}")
 
 
