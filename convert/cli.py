@@ -169,8 +169,8 @@ def _interrupt(signum: int, frame: object) -> None:
     type=click.Choice(EXECUTORS),
     default="local",
     show_default=True,
-    help="local: a process pool on this machine. ray: shards as Ray tasks (pip install "
-    "'imgpack[ray]'), planned by --shard-size [default 10000 for every format: hdf5 and "
+    help="local: a process pool on this machine. ray: shards as Ray tasks (pip install -e "
+    "'.[ray]' in the checkout), planned by --shard-size [default 10000 for every format: hdf5 and "
     "lmdb then write one file per shard]; see docs/SCALING.md.",
 )
 @click.option(
