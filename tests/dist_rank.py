@@ -34,19 +34,47 @@ def digest(image: torch.Tensor, label: int) -> str:
     return hashlib.sha1(data).hexdigest()[:16]
 
 
-def read_batches(loader: Any, limit: int | None = None) -> list[list[str]]:
+class Collectives:
+    """The rank's all-reduces, on tensors that outlive the process group.
+
+    A gloo thread that drops the last reference to a Python tensor takes the GIL, creating
+    a Python thread state under CPython's runtime lock; a DataLoader worker forked at that
+    moment inherits the lock held and deadlocks before it starts (CPython < 3.12 without
+    gh-112275's fix, our 3.11.7; seen here as a rank waiting for its worker until the other
+    rank's all-reduce timed out). Tensors kept alive here leave gloo nothing to drop.
+    """
+
+    def __init__(self) -> None:
+        self._step = torch.ones(1)
+        self._total = torch.zeros(1, dtype=torch.int64)
+
+    def step(self) -> None:
+        """The all_reduce DDP does per step."""
+        self._step.fill_(1)
+        dist.all_reduce(self._step)
+
+    def sum(self, value: int) -> int:
+        self._total.fill_(value)
+        dist.all_reduce(self._total)
+        return int(self._total)
+
+
+def read_batches(
+    loader: Any, collectives: Collectives, limit: int | None = None
+) -> list[list[str]]:
     """Digests of each batch, with the all_reduce DDP does per step."""
     out = []
     for images, labels in loader:
-        step = torch.ones(1)
-        dist.all_reduce(step)
+        collectives.step()
         out.append([digest(i, int(y)) for i, y in zip(images, labels, strict=True)])
         if limit is not None and len(out) == limit:
             break
     return out
 
 
-def run_reader(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+def run_reader(
+    spec: dict[str, Any], config: dict[str, Any], collectives: Collectives
+) -> dict[str, Any]:
     def build() -> readers.Loader:
         kwargs: dict[str, Any] = {}
         if config["workers"]:
@@ -72,10 +100,9 @@ def run_reader(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     for epoch in range(config["epochs"]):
         loader.set_epoch(epoch)
         result["lens"].append(len(loader))
-        result["epochs"].append(read_batches(loader))
-    count = torch.tensor([sum(len(b) for batches in result["epochs"] for b in batches)])
-    dist.all_reduce(count)
-    result["total_samples_all_ranks"] = int(count)
+        result["epochs"].append(read_batches(loader, collectives))
+    count = sum(len(b) for batches in result["epochs"] for b in batches)
+    result["total_samples_all_ranks"] = collectives.sum(count)
 
     # Interrupted after k batches of the last epoch, resumed by a new loader on this world.
     last, k = config["epochs"] - 1, config["resume_after"]
@@ -83,12 +110,12 @@ def run_reader(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     first, second = build(), build()
     os.chdir("/")
     first.set_epoch(last)
-    result["before_resume"] = read_batches(first, limit=k)
+    result["before_resume"] = read_batches(first, collectives, limit=k)
     state = json.loads(json.dumps(first.state_dict()))  # what a checkpoint stores
     second.load_state_dict(state)
     second.set_epoch(last)  # a resumed loop calls it too: the loaded position is kept
     result["len_after_resume"] = len(second)
-    result["after_resume"] = read_batches(second)
+    result["after_resume"] = read_batches(second, collectives)
     result["state"] = state
 
     # Resume a state saved by a run of another world size.
@@ -98,7 +125,7 @@ def run_reader(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         os.chdir("/")
         third.load_state_dict(json.loads(Path(spec["load_state"]).read_text()))
         result["len_loaded"] = len(third)
-        result["loaded"] = read_batches(third)
+        result["loaded"] = read_batches(third, collectives)
     os.chdir(cwd)
     return result
 
@@ -114,9 +141,10 @@ def run_rank(rank: int, world_size: int, config: dict[str, Any]) -> None:
         )
     else:
         dist.init_process_group("gloo", timeout=TIMEOUT)
+    collectives = Collectives()  # alive until the group's threads are joined
     try:
         os.chdir(config["cwd"])
-        results = {spec["name"]: run_reader(spec, config) for spec in config["readers"]}
+        results = {s["name"]: run_reader(s, config, collectives) for s in config["readers"]}
         world = dist.get_world_size()
     finally:
         dist.destroy_process_group()  # the loaders are gone: this releases the group's last
