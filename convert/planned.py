@@ -19,6 +19,7 @@ and writes the rest.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import secrets
 from collections.abc import Callable, Iterable
@@ -272,10 +273,8 @@ def check_executor(
         if ray_address:
             raise ValueError("--ray-address needs --executor ray")
         return
-    try:
-        import convert.ray_executor  # noqa: F401  (Ray is an optional extra)
-    except ImportError as e:
-        raise ValueError(RAY_HINT) from e
+    if importlib.util.find_spec("ray") is None:  # an optional extra: looked for, not imported
+        raise ValueError(RAY_HINT)
     if options.shard_bytes:
         raise ValueError(
             "--shard-bytes cannot be planned before the images are prepared: with --executor "

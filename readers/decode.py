@@ -42,12 +42,14 @@ from PIL import Image, ImageFile
 __all__ = [
     "ImageTooLargeError",
     "StoredImage",
+    "check_pixels",
     "dct_scale",
     "decode_image",
     "decode_stored",
     "decoder_name",
     "encode_jpeg",
     "is_jpeg",
+    "jpeg_header",
     "jpeg_size",
     "orient",
 ]
@@ -122,7 +124,7 @@ def dct_scale(width: int, height: int, min_side: float | None) -> tuple[int, int
 def jpeg_size(data: bytes | memoryview) -> tuple[int, int] | None:
     """``(height, width)`` of a JPEG as :func:`decode_image` returns it at full size
     (EXIF orientation applied), from its markers alone; None if not a parseable JPEG."""
-    header = _jpeg_header(bytes(data)) if is_jpeg(data) else None
+    header = jpeg_header(bytes(data)) if is_jpeg(data) else None
     if header is None:
         return None
     width, height, orientation, _ = header
@@ -194,12 +196,12 @@ def decode_stored(
     data = bytes(data)
     if not is_jpeg(data):
         return _decode_pil(data, name, max_pixels=max_pixels)
-    header = _jpeg_header(data)
+    header = jpeg_header(data)
     orientation: int | None = None
     scan = len(data)  # where Pillow stops reading markers, if ours don't parse
     if header is not None:
         width, height, orientation, scan = header
-        _check_pixels(width, height, name, max_pixels)
+        check_pixels(width, height, name, max_pixels)
         tj = _turbojpeg()
         scale = dct_scale(width, height, min_side)
         if tj is not None and data.endswith(JPEG_EOI):
@@ -224,9 +226,15 @@ def _prefix(name: str) -> str:
     return f"{name}: " if name else ""
 
 
-def _check_pixels(width: int, height: int, name: str, max_pixels: int | None) -> None:
+def check_pixels(width: int, height: int, name: str, max_pixels: int | None) -> None:
     """Refuse a decompression bomb: over ``max_pixels``, or without one over Pillow's
-    limit, read per call so that a program raising it is obeyed."""
+    limit, read per call so that a program raising it is obeyed. Shared by the Pillow,
+    libjpeg-turbo and fused-crop paths, so all refuse the same images (``name``: the sample
+    the message names, may be empty).
+
+    Raises:
+        ImageTooLargeError: ``width * height`` is over the limit.
+    """
     limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels or None
     if limit is not None and width * height > limit:
         origin = "PIL.Image.MAX_IMAGE_PIXELS; " if max_pixels is None else ""
@@ -237,7 +245,7 @@ def _check_pixels(width: int, height: int, name: str, max_pixels: int | None) ->
         )
 
 
-def _jpeg_header(data: bytes) -> tuple[int, int, int, int] | None:
+def jpeg_header(data: bytes) -> tuple[int, int, int, int] | None:
     """``(width, height, orientation, offset of SOS)`` from the markers before the first
     scan; None if they don't parse.
 
@@ -356,7 +364,7 @@ def _decode_pil(
     try:
         img = _open_pil(data)
         width, height = img.size
-        _check_pixels(width, height, name, max_pixels)
+        check_pixels(width, height, name, max_pixels)
         d = dct_scale(width, height, min_side)[1] if img.format == "JPEG" else 1
         if d > 1:  # the same DCT-domain reduction as libjpeg-turbo's scaling factor
             img.draft(img.mode, (width // d, height // d))

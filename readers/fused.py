@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from readers.crop import Crop
-from readers.decode import JPEG_EOI, _check_pixels, _jpeg_header, decode_image, is_jpeg
+from readers.decode import JPEG_EOI, check_pixels, decode_image, is_jpeg, jpeg_header
 from readers.jpeg_batch import TurboDecoder, turbo_decoder
 from readers.spec import DatasetError
 
@@ -95,10 +95,10 @@ def probe(value: bytes | memoryview | np.ndarray, turbo: TurboDecoder | None) ->
     if turbo is None or not is_jpeg(value):
         return None
     data = value if isinstance(value, bytes) else bytes(value)
-    header = _jpeg_header(data) if data.endswith(JPEG_EOI) else None
+    header = jpeg_header(data) if data.endswith(JPEG_EOI) else None
     if header is None or header[2] in range(2, 9):  # unparsed, or EXIF-rotated
         return None
-    _check_pixels(header[0], header[1], "", None)
+    check_pixels(header[0], header[1], "", None)
     return Probe(data, header[1], header[0])
 
 

@@ -21,7 +21,7 @@ from functools import cache
 
 import numpy as np
 
-from readers.decode import TJFLAG_STOPONWARNING, _turbojpeg
+from readers.decode import TJFLAG_STOPONWARNING, decoder_name
 
 __all__ = ["TurboDecoder", "turbo_decoder"]
 
@@ -106,7 +106,7 @@ def turbo_decoder() -> TurboDecoder | None:
     """The ctypes decoder, or None where :func:`readers.decode_image` would not use
     libjpeg-turbo either (no PyTurboJPEG or library, or ``IMGPACK_DECODER=pillow``), so
     that both paths decode with the same library."""
-    if _turbojpeg() is None:
+    if decoder_name() != "turbojpeg":
         return None
     try:
         lib = ctypes.CDLL(ctypes.util.find_library("turbojpeg") or _LIBRARY)

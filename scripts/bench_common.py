@@ -1,12 +1,16 @@
-"""What ``bench_convert.py`` and ``bench_read.py`` share: arguments, the machine report,
-the source folder (full or ``--quick`` subset), page-cache warming, interleaved repeats,
-and the markdown/JSON output."""
+"""What the benchmarks share: arguments, the machine report, the source folder (full or
+``--quick`` subset), page-cache warming, interleaved repeats, the markdown/JSON output, and for
+the read benchmarks (``bench_read.py``, ``bench_crops.py``, ``bench_loader.py``) the geometry,
+the conversion, contender warm-up and the pure-decode contender."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import math
+import multiprocessing
+import multiprocessing.pool
 import os
 import platform
 import resource
@@ -14,7 +18,9 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +31,19 @@ import webdataset
 from PIL import features
 
 import readers
+from convert import ConvertOptions, convert_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK_IMAGES_PER_CLASS = 60
 MAX_FOREIGN_CORES = 0.25  # retry a measurement while other processes used more than this
 RETRIES = 3
 QUIET_WAIT_S = 60.0  # longest wait for other processes to settle before a measurement
+
+# The read benchmarks' geometry and timing.
+RESIZE, CROP, BATCH = 256, 224, 64
+WDS_SHARDS = 8  # jpeg tar shards, so that 1 and 2 streaming workers get equal shares
+MIN_SECONDS = 1.0  # a timed measurement covers whole epochs lasting at least this long
+DECODE_CORES = len(os.sched_getaffinity(0))  # pure decode runs on all usable cores
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -137,6 +150,96 @@ class Measurement:
 
     rate: float
     extra: dict[str, float] = field(default_factory=dict)
+
+
+Factory = Callable[[], Callable[[], Measurement]]
+
+
+class CenterCrop:
+    """The centre ``size``x``size`` of a ``[3, H, W]`` tensor (a view; H, W >= size)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        h, w = image.shape[-2:]
+        top, left = round((h - self.size) / 2), round((w - self.size) / 2)
+        return image[..., top : top + self.size, left : left + self.size]
+
+
+def convert_source(
+    src: Path, dst: Path, fmt: str, encoding: str, shards: int | None = None
+) -> Path:
+    """Convert ``src`` to ``dst`` resized to ``RESIZE`` (raw is also centre-cropped to
+    ``CROP``), in ``shards`` shards of equal size or else the format's default shard size."""
+    n = len(image_files(src))
+    options = ConvertOptions(
+        format=fmt,
+        encoding=encoding,
+        resize=RESIZE,
+        center_crop=CROP if encoding == "raw" else None,
+        shard_size=math.ceil(n / shards) if shards else None,
+    )
+    result = convert_folder(src, dst, options, overwrite=True, progress=False)
+    print(f"  converted {dst.name}: {result.summary()}", flush=True)
+    return dst
+
+
+def warm_up(factories: dict[str, Factory]) -> dict[str, Callable[[], Measurement]]:
+    """Build (and so warm up) every contender, in order, before any is timed."""
+    contenders = {}
+    for name, factory in factories.items():
+        print(f"  warming up {name}", flush=True)
+        contenders[name] = factory()
+    return contenders
+
+
+def best(runs: dict[str, list[Measurement]], prefix: str | tuple[str, ...]) -> tuple[str, float]:
+    """The contender (name, median rate) with the highest median among names with prefix."""
+    name = max((k for k in runs if k.startswith(prefix)), key=lambda k: median_rate(runs[k]))
+    return name, median_rate(runs[name])
+
+
+_held_jpegs: list[bytes] = []  # a decode process's own copy, set by decode_processes
+
+
+def _hold(jpegs: list[bytes]) -> None:
+    _held_jpegs[:] = jpegs
+
+
+def _decode_range(jpegs: list[bytes], bounds: tuple[int, int]) -> int:
+    for data in jpegs[bounds[0] : bounds[1]]:
+        readers.decode_image(data)
+    return bounds[1] - bounds[0]
+
+
+def _decode_held_range(bounds: tuple[int, int]) -> int:
+    return _decode_range(_held_jpegs, bounds)
+
+
+def decode_processes(n: int, jpegs: list[bytes]) -> multiprocessing.pool.Pool:
+    """``n`` forked processes for :func:`decode_contender`, each holding ``jpegs`` (inherited
+    through the fork, never pickled, so that only the decode is timed)."""
+    return multiprocessing.get_context("fork").Pool(n, initializer=_hold, initargs=(jpegs,))
+
+
+def decode_contender(
+    pool: Executor | multiprocessing.pool.Pool, jpegs: list[bytes]
+) -> Callable[[], Measurement]:
+    """Time decoding all of ``jpegs``, ``BATCH`` at a time, with ``pool.map``: threads, or
+    the processes of ``decode_processes(n, jpegs)`` (sent only index ranges into their copy)."""
+    chunks = [(i, min(i + BATCH, len(jpegs))) for i in range(0, len(jpegs), BATCH)]
+    if isinstance(pool, multiprocessing.pool.Pool):
+        decode: Callable[[tuple[int, int]], int] = _decode_held_range
+    else:
+        decode = partial(_decode_range, jpegs)
+
+    def measure() -> Measurement:
+        start = time.perf_counter()
+        done = sum(pool.map(decode, chunks))
+        return Measurement(done / (time.perf_counter() - start))
+
+    return measure
 
 
 _TICK = 1 / os.sysconf("SC_CLK_TCK")

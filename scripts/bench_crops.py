@@ -30,24 +30,33 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import bench_read as br
 import numpy as np
 import torch
 from bench_common import (
+    BATCH,
+    CROP,
+    DECODE_CORES,
+    MIN_SECONDS,
+    RESIZE,
+    CenterCrop,
     Measurement,
+    best,
+    convert_source,
+    decode_contender,
     interleaved,
     markdown_table,
     median_rate,
     rates_text,
     target_row,
     warm_page_cache,
+    warm_up,
 )
 from torch.utils.data import DataLoader
 
 import readers
 
-CENTER = readers.CenterCrop(br.CROP, ratio=br.CROP / br.RESIZE)
-RANDOM = readers.RandomResizedCrop(br.CROP, flip=True)
+CENTER = readers.CenterCrop(CROP, ratio=CROP / RESIZE)
+RANDOM = readers.RandomResizedCrop(CROP, flip=True)
 TARGET_OVER_FFCV = 1.3
 TARGET_OVER_DECODE = 0.9
 TARGET_WORKERS = 0.9
@@ -62,7 +71,7 @@ else:
 
 def timed(batches: Callable[[], Iterable[Any]], files: list[Path]) -> Callable[[], Measurement]:
     """Warm ``batches`` up (an epoch, then one timed to size the passes) and return its
-    timed measurement over whole epochs lasting at least ``br.MIN_SECONDS``."""
+    timed measurement over whole epochs lasting at least ``MIN_SECONDS``."""
 
     def epochs(passes: int) -> Measurement:
         warm_page_cache(files)
@@ -74,10 +83,10 @@ def timed(batches: Callable[[], Iterable[Any]], files: list[Path]) -> Callable[[
         return Measurement(seen / seconds, {"passes": passes, "seconds": seconds})
 
     images, _ = next(iter(batches()))
-    if tuple(images.shape[1:]) != (3, br.CROP, br.CROP) or images.dtype != torch.uint8:
+    if tuple(images.shape[1:]) != (3, CROP, CROP) or images.dtype != torch.uint8:
         raise RuntimeError(f"unexpected batch {images.dtype}{tuple(images.shape)}")
     epochs(1)
-    passes = math.ceil(br.MIN_SECONDS / epochs(1).extra["seconds"])
+    passes = math.ceil(MIN_SECONDS / epochs(1).extra["seconds"])
     return lambda: epochs(passes)
 
 
@@ -89,7 +98,7 @@ def imgpack(root: Path, workers: int, nchw: bool = False, **kwargs: Any) -> Call
         ds = readers.open_dataset(root, decode_threads=threads, **kwargs)
         loader = DataLoader(
             ds,
-            batch_size=br.BATCH,
+            batch_size=BATCH,
             shuffle=True,
             collate_fn=readers.collate,
             num_workers=workers,
@@ -117,7 +126,7 @@ def write_beton(root: Path, path: Path) -> Path:
             return readers.decode_image(ds.stored(i)), ds.targets[i]
 
     if not path.exists():
-        field = RGBImageField(write_mode="jpg", max_resolution=br.RESIZE, jpeg_quality=90)
+        field = RGBImageField(write_mode="jpg", max_resolution=RESIZE, jpeg_quality=90)
         writer = DatasetWriter(str(path), {"image": field, "label": IntField()}, num_workers=2)
         writer.from_indexed_dataset(Decoded())
     return path
@@ -132,16 +141,16 @@ def ffcv_loader(beton: Path, workers: int, random: bool, channels_last: bool = T
     from ffcv.loader import Loader, OrderOption
     from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
 
-    size = (br.CROP, br.CROP)
+    size = (CROP, CROP)
     image: list[Any] = (
         [RandomResizedCropRGBImageDecoder(size), RandomHorizontalFlip()]
         if random
-        else [CenterCropRGBImageDecoder(size, ratio=br.CROP / br.RESIZE)]
+        else [CenterCropRGBImageDecoder(size, ratio=CROP / RESIZE)]
     )
     image += [ToTensor(), ToTorchImage(channels_last=channels_last)]
     return Loader(
         str(beton),
-        batch_size=br.BATCH,
+        batch_size=BATCH,
         num_workers=workers,
         order=OrderOption.RANDOM,
         os_cache=True,
@@ -160,15 +169,17 @@ def ffcv(beton: Path, workers: int, random: bool, channels_last: bool = True) ->
     return factory
 
 
+def stored_images(root: Path) -> list[bytes]:
+    """The stored bytes of every sample of the imgpack dataset ``root``, in order."""
+    ds = readers.open_dataset(root)
+    return [bytes(ds.stored(i)) for i in range(len(ds))]
+
+
 def full_decode(root: Path) -> Callable[[], Callable[[], Measurement]]:
-    """Pure full-image decode of the stored bytes on ``br.DECODE_CORES`` threads."""
+    """Pure full-image decode of the stored bytes on ``DECODE_CORES`` threads."""
 
     def factory() -> Callable[[], Measurement]:
-        ds = readers.open_dataset(root)
-        br._jpegs[:] = [bytes(ds.stored(i)) for i in range(len(ds))]
-        n = len(br._jpegs)
-        chunks = [(i, min(i + br.BATCH, n)) for i in range(0, n, br.BATCH)]
-        return br.decode_contender(ThreadPoolExecutor(br.DECODE_CORES), chunks)
+        return decode_contender(ThreadPoolExecutor(DECODE_CORES), stored_images(root))
 
     return factory
 
@@ -176,7 +187,7 @@ def full_decode(root: Path) -> Callable[[], Callable[[], Measurement]]:
 def run_crops(src: Path, work: Path, repeats: int, max_foreign: float) -> dict[str, Any]:
     """Time every contender; return the runs and the stored sizes. ``max_foreign``: the
     other processes' load (cores) above which a measurement waits and is taken again."""
-    roots = {fmt: br.convert(src, work / f"{fmt}-jpeg", fmt, "jpeg") for fmt in ("lmdb", "pt")}
+    roots = {fmt: convert_source(src, work / f"{fmt}-jpeg", fmt, "jpeg") for fmt in ("lmdb", "pt")}
     factories: dict[str, Callable[[], Callable[[], Measurement]]] = {}
     # workers first: they fork before this process opens the lmdb file (see bench_read)
     for w in (2, 1, 0):
@@ -186,7 +197,7 @@ def run_crops(src: Path, work: Path, repeats: int, max_foreign: float) -> dict[s
     lmdb = roots["lmdb"]
     factories["imgpack lmdb centre NCHW workers=0"] = imgpack(lmdb, 0, nchw=True, crop=CENTER)
     factories["imgpack lmdb centre by transform= workers=0"] = imgpack(
-        lmdb, 0, transform=br.CenterCrop(br.CROP)
+        lmdb, 0, transform=CenterCrop(CROP)
     )
     beton = work / "ffcv.beton"
     if FFCV_MISSING is None:
@@ -197,9 +208,9 @@ def run_crops(src: Path, work: Path, repeats: int, max_foreign: float) -> dict[s
         factories["ffcv centre NCHW workers=2"] = ffcv(beton, 2, False, channels_last=False)
     else:
         print(f"  FFCV contenders skipped: ffcv does not import ({FFCV_MISSING})", flush=True)
-    factories[f"full decode, {br.DECODE_CORES} threads"] = full_decode(roots["pt"])
-    runs = interleaved(br.warm_up(factories), repeats, max_foreign)
-    sizes = [len(j) for j in br._jpegs]
+    factories[f"full decode, {DECODE_CORES} threads"] = full_decode(roots["pt"])
+    runs = interleaved(warm_up(factories), repeats, max_foreign)
+    sizes = [len(j) for j in stored_images(roots["pt"])]
     beton_bytes = beton.stat().st_size if beton.exists() else None
     return {
         "stored_jpeg_mean_bytes": float(np.mean(sizes)),
@@ -211,14 +222,14 @@ def run_crops(src: Path, work: Path, repeats: int, max_foreign: float) -> dict[s
 def crops_report(crops: dict[str, Any]) -> tuple[str, list[list[Any]]]:
     """Markdown table of the crop section and its target rows."""
     runs = crops["runs"]
-    decode_name, decode_rate = br.best(runs, "full decode")
+    decode_name, decode_rate = best(runs, "full decode")
     rows = [[name, median_rate(r), rates_text(r)] for name, r in runs.items()]
     table = markdown_table(["contender", "samples/s (median)", "repeats"], rows)
     targets = []
     for kind in ("centre", "random"):
-        name, rate = br.best(runs, (f"imgpack lmdb {kind} workers", f"imgpack pt {kind} workers"))
+        name, rate = best(runs, (f"imgpack lmdb {kind} workers", f"imgpack pt {kind} workers"))
         if FFCV_MISSING is None:
-            ffcv_name, ffcv_rate = br.best(runs, f"ffcv {kind} workers")
+            ffcv_name, ffcv_rate = best(runs, f"ffcv {kind} workers")
             label = f"{kind}: imgpack best ({name}) / FFCV best ({ffcv_name})"
             targets.append(target_row(label, rate / ffcv_rate, TARGET_OVER_FFCV))
         if kind == "centre":
@@ -227,7 +238,7 @@ def crops_report(crops: dict[str, Any]) -> tuple[str, list[list[Any]]]:
         best_in_process = max(
             median_rate(runs[f"imgpack {fmt} {kind} workers=0"]) for fmt in ("lmdb", "pt")
         )
-        w2_name, w2_rate = br.best(
+        w2_name, w2_rate = best(
             runs, (f"imgpack lmdb {kind} workers=2", f"imgpack pt {kind} workers=2")
         )
         label = f"{kind}: imgpack best workers=2 ({w2_name}) / best workers=0"

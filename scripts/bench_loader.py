@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common as bench
-from bench_read import BATCH, CROP, MIN_SECONDS, RESIZE, WDS_SHARDS, CenterCrop
+from bench_common import BATCH, CROP, MIN_SECONDS, RESIZE, WDS_SHARDS, CenterCrop
 
 import readers
 from convert import ConvertOptions, convert_folder
@@ -161,7 +161,7 @@ def overhead(
 STREAM_RUN = """
 import sys, time
 sys.path.insert(0, sys.argv[3])
-from bench_read import CenterCrop, BATCH, CROP
+from bench_common import CenterCrop, BATCH, CROP
 from torch.utils.data import DataLoader
 import readers
 root, workers, passes = sys.argv[1], int(sys.argv[2]), int(sys.argv[4])

@@ -21,8 +21,6 @@ crops: crops inside the decode (``crop=``) against FFCV, see ``scripts/bench_cro
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
 import tarfile
 import time
 from collections.abc import Callable
@@ -34,8 +32,19 @@ import numpy as np
 import torch
 import webdataset
 from bench_common import (
+    BATCH,
+    CROP,
+    DECODE_CORES,
     MAX_FOREIGN_CORES,
+    MIN_SECONDS,
+    WDS_SHARDS,
+    CenterCrop,
+    Factory,
     Measurement,
+    best,
+    convert_source,
+    decode_contender,
+    decode_processes,
     image_files,
     interleaved,
     machine_info,
@@ -50,55 +59,20 @@ from bench_common import (
     target_table,
     targets_json,
     warm_page_cache,
+    warm_up,
     write_json,
 )
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import readers
-from convert import ConvertOptions, convert_folder
 from readers import spec
 
-RESIZE, CROP, BATCH = 256, 224, 64
 SAMPLE_BYTES = CROP * CROP * 3
-WDS_SHARDS = 8  # jpeg tar shards, so that 1 and 2 streaming workers get equal shares
 MANY_SHARDS = 128  # as ImageNet has at the default 10,000 samples per shard
-MIN_SECONDS = 1.0  # a timed measurement covers whole epochs lasting at least this long
-DECODE_CORES = len(os.sched_getaffinity(0))  # pure decode runs on all usable cores
 TARGET_RAW_FRACTION = 0.5
 MEMCPY = "memcpy bound (np.copyto 512 MB)"
 TARGET_OVER_WEBDATASET = 2.5
 TARGET_OVER_DECODE = 0.8
-
-
-class CenterCrop:
-    """The centre ``size``x``size`` of a ``[3, H, W]`` tensor (a view; H, W >= size)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        h, w = image.shape[-2:]
-        top, left = round((h - self.size) / 2), round((w - self.size) / 2)
-        return image[..., top : top + self.size, left : left + self.size]
-
-
-def convert(src: Path, dst: Path, fmt: str, encoding: str, shards: int | None = None) -> Path:
-    """Convert ``src`` to ``dst`` (raw is also centre-cropped), in ``shards`` shards of equal
-    size or else the format's default shard size."""
-    n = len(image_files(src))
-    options = ConvertOptions(
-        format=fmt,
-        encoding=encoding,
-        resize=RESIZE,
-        center_crop=CROP if encoding == "raw" else None,
-        shard_size=math.ceil(n / shards) if shards else None,
-    )
-    result = convert_folder(src, dst, options, overwrite=True, progress=False)
-    print(f"  converted {dst.name}: {result.summary()}", flush=True)
-    return dst
-
-
-Factory = Callable[[], Callable[[], Measurement]]
 
 
 def loader_contender(
@@ -170,15 +144,6 @@ def imgpack_factories(
     return factories
 
 
-def warm_up(factories: dict[str, Factory]) -> dict[str, Callable[[], Measurement]]:
-    """Build (and so warm up) every contender, in order, before any is timed."""
-    contenders = {}
-    for name, factory in factories.items():
-        print(f"  warming up {name}", flush=True)
-        contenders[name] = factory()
-    return contenders
-
-
 def memcpy_contender(nbytes: int = 512 << 20, tries: int = 5) -> Callable[[], Measurement]:
     """The memcpy bound, in samples/s: the best bytes/s of ``tries`` ``np.copyto`` between
     two pre-faulted ``nbytes`` arrays, divided by the bytes of one raw sample."""
@@ -201,9 +166,9 @@ def run_raw(src: Path, work: Path, repeats: int) -> dict[str, list[Measurement]]
     ``MANY_SHARDS`` shards, and the memcpy bound."""
     factories: dict[str, Factory] = {MEMCPY: memcpy_contender}
     for fmt in spec.FORMATS:
-        root = convert(src, work / f"{fmt}-raw", fmt, "raw")
+        root = convert_source(src, work / f"{fmt}-raw", fmt, "raw")
         factories.update(imgpack_factories(fmt, root, None, threads=(1,)))
-    root = convert(src, work / f"pt-raw-{MANY_SHARDS}", "pt", "raw", MANY_SHARDS)
+    root = convert_source(src, work / f"pt-raw-{MANY_SHARDS}", "pt", "raw", MANY_SHARDS)
     factories.update(imgpack_factories(f"pt {MANY_SHARDS} shards", root, None, threads=(1,)))
     return interleaved(warm_up(factories), repeats)
 
@@ -231,30 +196,12 @@ def stored_jpegs(root: Path) -> list[bytes]:
     return data
 
 
-_jpegs: list[bytes] = []  # inherited by forked decode processes
-
-
-def _decode_range(bounds: tuple[int, int]) -> int:
-    for data in _jpegs[bounds[0] : bounds[1]]:
-        readers.decode_image(data)
-    return bounds[1] - bounds[0]
-
-
-def decode_contender(pool: Any, chunks: list[tuple[int, int]]) -> Callable[[], Measurement]:
-    """Time decoding all of ``_jpegs`` with ``pool.map`` (processes or threads)."""
-
-    def measure() -> Measurement:
-        start = time.perf_counter()
-        done = sum(pool.map(_decode_range, chunks))
-        return Measurement(done / (time.perf_counter() - start))
-
-    return measure
-
-
 def run_jpeg(src: Path, work: Path, repeats: int) -> dict[str, Any]:
     """The JPEG section: imgpack readers vs webdataset's Pillow pipeline vs pure decode."""
     roots = {
-        fmt: convert(src, work / f"{fmt}-jpeg", fmt, "jpeg", WDS_SHARDS if fmt == "wds" else None)
+        fmt: convert_source(
+            src, work / f"{fmt}-jpeg", fmt, "jpeg", WDS_SHARDS if fmt == "wds" else None
+        )
         for fmt in spec.FORMATS
     }
     crop = CenterCrop(CROP)
@@ -272,29 +219,18 @@ def run_jpeg(src: Path, work: Path, repeats: int) -> dict[str, Any]:
             webdataset_pipeline(urls), roots["wds"], w, shuffle=False
         )
 
-    _jpegs[:] = stored_jpegs(roots["wds"])
-    chunks = [(i, min(i + BATCH, len(_jpegs))) for i in range(0, len(_jpegs), BATCH)]
+    jpegs = stored_jpegs(roots["wds"])
     with (
-        multiprocessing.get_context("fork").Pool(DECODE_CORES) as procs,
+        decode_processes(DECODE_CORES, jpegs) as procs,
         ThreadPoolExecutor(DECODE_CORES) as threads,
         ThreadPoolExecutor(1) as single,
     ):
-        factories[f"pure decode, {DECODE_CORES} processes"] = lambda: decode_contender(
-            procs, chunks
-        )
-        factories[f"pure decode, {DECODE_CORES} threads"] = lambda: decode_contender(
-            threads, chunks
-        )
-        factories["pure decode, 1 thread"] = lambda: decode_contender(single, chunks)
+        factories[f"pure decode, {DECODE_CORES} processes"] = lambda: decode_contender(procs, jpegs)
+        factories[f"pure decode, {DECODE_CORES} threads"] = lambda: decode_contender(threads, jpegs)
+        factories["pure decode, 1 thread"] = lambda: decode_contender(single, jpegs)
         runs = interleaved(warm_up(factories), repeats)
-    sizes = [len(d) for d in _jpegs]
+    sizes = [len(d) for d in jpegs]
     return {"stored_jpeg_mean_bytes": float(np.mean(sizes)), "runs": runs}
-
-
-def best(runs: dict[str, list[Measurement]], prefix: str | tuple[str, ...]) -> tuple[str, float]:
-    """The contender (name, median rate) with the highest median among names with prefix."""
-    name = max((k for k in runs if k.startswith(prefix)), key=lambda k: median_rate(runs[k]))
-    return name, median_rate(runs[name])
 
 
 def raw_report(runs: dict[str, list[Measurement]]) -> tuple[str, list[list[Any]]]:
@@ -394,7 +330,7 @@ def main() -> None:
         jpeg["runs"] = runs_json(jpeg["runs"])
         results["jpeg"], targets = jpeg, targets + rows
     if args.section in ("all", "crops"):
-        import bench_crops  # imports this module: only now, not at its import
+        import bench_crops  # it imports ffcv: only for this section, not before the others
 
         print("crops section", flush=True)
         crops = bench_crops.run_crops(src, args.work / "read", args.repeats, args.max_foreign)

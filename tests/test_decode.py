@@ -27,13 +27,13 @@ from readers.decode import (
     DECODER_ENV,
     ImageTooLargeError,
     _exif_orientation,
-    _jpeg_header,
     _turbojpeg,
     dct_scale,
     decode_image,
     decode_stored,
     decoder_name,
     encode_jpeg,
+    jpeg_header,
     jpeg_size,
 )
 from tests.conftest import ROOT, SAMPLE_DATA
@@ -187,7 +187,7 @@ def test_malformed_exif_behind_junk_bytes_gives_no_warning(decoder: str) -> None
     data = _encode(_photo(), "JPEG", exif=b"Exif\0\0" + _malformed_exif()["truncated-entry"])
     app1 = data.index(b"\xff\xe1")
     data = data[:app1] + b"\x00\x00" + data[app1:]  # junk that Pillow skips; our parser stops
-    assert _jpeg_header(data) is None
+    assert jpeg_header(data) is None
     np.testing.assert_array_equal(_decode_quietly(data), _pillow_rgb(data))
 
 
@@ -206,18 +206,18 @@ def test_exif_parser_never_raises_on_damaged_exif() -> None:
 
 def test_jpeg_header_parser_never_raises_and_stops_at_sos() -> None:
     data = _encode(_photo(), "JPEG", exif=_exif(5))
-    header = _jpeg_header(data)
+    header = jpeg_header(data)
     assert header is not None and header[:3] == (67, 45, 5)
     sos = data.index(b"\xff\xda")
     for cut in range(sos + 4):
-        _jpeg_header(data[:cut])
+        jpeg_header(data[:cut])
     rng = np.random.default_rng(1)
     for _ in range(2000):
         flipped = bytearray(data[: sos + 16])
         flipped[rng.integers(2, sos)] = rng.integers(0, 256)
-        _jpeg_header(bytes(flipped))
+        jpeg_header(bytes(flipped))
     # whatever follows SOS is not read: a bogus marker there changes nothing
-    assert _jpeg_header(data[: sos + 2] + b"\xff\xe1\xff\xff" + data[sos + 2 :]) == header
+    assert jpeg_header(data[: sos + 2] + b"\xff\xe1\xff\xff" + data[sos + 2 :]) == header
 
 
 # --- decompression bombs ---------------------------------------------------------------------
