@@ -10,6 +10,8 @@ installed for the walk to see their import lines. What counts as an import of a 
   ``convert/planned.py`` once imported ``convert.ray_executor`` in a function only to test
   whether Ray is installed (``importlib.util.find_spec`` answers that without importing), and
   ``scripts/bench_read.py`` imported ``bench_crops`` in ``main`` while ``bench_crops`` imported it.
+  Imports under ``if TYPE_CHECKING:`` count as well (there are none): a circle of types is still
+  two modules that cannot be understood apart. Code held in strings (``python -c``) is not read.
 - ``from P import n`` depends on the module ``P.n`` when there is one, otherwise on ``P`` itself
   (its ``__init__`` for a package). ``import P.Q`` depends on ``P.Q``.
 - A package's ``__init__`` runs before any of its modules, so it is an edge from a module outside
