@@ -12,11 +12,13 @@ the process once the group is destroyed (nothing should), to ``OUT/rank-R.json``
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import hashlib
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -34,47 +36,53 @@ def digest(image: torch.Tensor, label: int) -> str:
     return hashlib.sha1(data).hexdigest()[:16]
 
 
-class Collectives:
-    """The rank's all-reduces, on tensors that outlive the process group.
+def keep_gloo_thread_states() -> None:
+    """Give each of gloo's worker threads a Python thread state that it keeps.
 
-    A gloo thread that drops the last reference to a Python tensor takes the GIL, creating
-    a Python thread state under CPython's runtime lock; a DataLoader worker forked at that
-    moment inherits the lock held and deadlocks before it starts (CPython < 3.12 without
-    gh-112275's fix, our 3.11.7; seen here as a rank waiting for its worker until the other
-    rank's all-reduce timed out). Tensors kept alive here leave gloo nothing to drop.
+    gloo's threads take the GIL whenever they drop a tensor Python also holds (after every
+    all_reduce of one). A thread without a Python thread state creates one each time, under
+    CPython's runtime lock, and a DataLoader worker forked at that instant inherits the lock
+    held and hangs before it starts (CPython gh-112275: fixed in 3.12 and later 3.11
+    releases, not in our 3.11.7). This test hung that way about once in 50 runs: gdb showed the
+    worker waiting for the lock inside ``os.fork()`` and the gloo threads in
+    ``PyThreadState_New``. A gloo future's callback runs on the gloo thread that completed
+    it, with the GIL: a ``PyGILState_Ensure`` there, never released, keeps that thread's
+    state. A collective: every rank calls it, right after ``init_process_group``.
     """
+    kept: set[int] = set()
 
-    def __init__(self) -> None:
-        self._step = torch.ones(1)
-        self._total = torch.zeros(1, dtype=torch.int64)
+    def keep(_: torch.futures.Future) -> None:
+        if threading.get_native_id() not in kept:
+            ctypes.pythonapi.PyGILState_Ensure()
+            kept.add(threading.get_native_id())
 
-    def step(self) -> None:
-        """The all_reduce DDP does per step."""
-        self._step.fill_(1)
-        dist.all_reduce(self._step)
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor)  # gloo's worker threads exist, and are named, from here on
+    tasks = Path("/proc/self/task")
+    gloo = {int(t.name) for t in tasks.iterdir() if (t / "comm").read_text() == "pt_gloo_runloop\n"}
+    done = torch.zeros(1)
+    while not done.item():
+        for _ in range(8):
+            work = dist.all_reduce(tensor, async_op=True)
+            work.get_future().then(keep)
+            work.wait()
+        done.fill_(float(gloo <= kept))
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)  # every rank loops as often
 
-    def sum(self, value: int) -> int:
-        self._total.fill_(value)
-        dist.all_reduce(self._total)
-        return int(self._total)
 
-
-def read_batches(
-    loader: Any, collectives: Collectives, limit: int | None = None
-) -> list[list[str]]:
+def read_batches(loader: Any, limit: int | None = None) -> list[list[str]]:
     """Digests of each batch, with the all_reduce DDP does per step."""
     out = []
     for images, labels in loader:
-        collectives.step()
+        step = torch.ones(1)
+        dist.all_reduce(step)
         out.append([digest(i, int(y)) for i, y in zip(images, labels, strict=True)])
         if limit is not None and len(out) == limit:
             break
     return out
 
 
-def run_reader(
-    spec: dict[str, Any], config: dict[str, Any], collectives: Collectives
-) -> dict[str, Any]:
+def run_reader(spec: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     def build() -> readers.Loader:
         kwargs: dict[str, Any] = {}
         if config["workers"]:
@@ -100,9 +108,10 @@ def run_reader(
     for epoch in range(config["epochs"]):
         loader.set_epoch(epoch)
         result["lens"].append(len(loader))
-        result["epochs"].append(read_batches(loader, collectives))
-    count = sum(len(b) for batches in result["epochs"] for b in batches)
-    result["total_samples_all_ranks"] = collectives.sum(count)
+        result["epochs"].append(read_batches(loader))
+    count = torch.tensor([sum(len(b) for batches in result["epochs"] for b in batches)])
+    dist.all_reduce(count)
+    result["total_samples_all_ranks"] = int(count)
 
     # Interrupted after k batches of the last epoch, resumed by a new loader on this world.
     last, k = config["epochs"] - 1, config["resume_after"]
@@ -110,12 +119,12 @@ def run_reader(
     first, second = build(), build()
     os.chdir("/")
     first.set_epoch(last)
-    result["before_resume"] = read_batches(first, collectives, limit=k)
+    result["before_resume"] = read_batches(first, limit=k)
     state = json.loads(json.dumps(first.state_dict()))  # what a checkpoint stores
     second.load_state_dict(state)
     second.set_epoch(last)  # a resumed loop calls it too: the loaded position is kept
     result["len_after_resume"] = len(second)
-    result["after_resume"] = read_batches(second, collectives)
+    result["after_resume"] = read_batches(second)
     result["state"] = state
 
     # Resume a state saved by a run of another world size.
@@ -125,7 +134,7 @@ def run_reader(
         os.chdir("/")
         third.load_state_dict(json.loads(Path(spec["load_state"]).read_text()))
         result["len_loaded"] = len(third)
-        result["loaded"] = read_batches(third, collectives)
+        result["loaded"] = read_batches(third)
     os.chdir(cwd)
     return result
 
@@ -141,10 +150,10 @@ def run_rank(rank: int, world_size: int, config: dict[str, Any]) -> None:
         )
     else:
         dist.init_process_group("gloo", timeout=TIMEOUT)
-    collectives = Collectives()  # alive until the group's threads are joined
+    keep_gloo_thread_states()
     try:
         os.chdir(config["cwd"])
-        results = {s["name"]: run_reader(s, config, collectives) for s in config["readers"]}
+        results = {spec["name"]: run_reader(spec, config) for spec in config["readers"]}
         world = dist.get_world_size()
     finally:
         dist.destroy_process_group()  # the loaders are gone: this releases the group's last
