@@ -4,6 +4,12 @@ Each chunk of files travels to a worker with the folder it lies in and the recip
 (:class:`convert.process.Transform`, which carries the decompression-bomb limit too):
 nothing reaches a worker through a module global or a process-wide setting, so one worker
 (run in the caller's process) behaves as a pool does and leaves the caller as it was.
+
+A worker's prepared chunk comes back as a file in a private spool folder, and only the
+file's name crosses the pool's result pipe. A write of under ``PIPE_BUF`` bytes to a pipe
+is atomic, so a worker killed at any moment (the OOM killer) leaves no half-written
+message: with megabytes of pixels in the pipe, the pool's reader thread waited forever
+for the rest of one, and the run hung instead of stopping resumably.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ import contextlib
 import ctypes
 import itertools
 import os
+import pickle
 import signal
+import tempfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -35,6 +43,26 @@ class WorkerDiedError(OSError):
 def prepare_files(src: str, transform: Transform, relpaths: list[str]) -> list[Prepared | str]:
     """Prepare files of ``src`` in order; a bad file gives its error message, not a raise."""
     return [_prepare_file(src, transform, relpath) for relpath in relpaths]
+
+
+def _prepare_into_spool(src: str, transform: Transform, relpaths: list[str], spool: str) -> str:
+    """:func:`prepare_files` in a worker, its results written to a new file in ``spool``;
+    returns the file's path (a short message, written to the result pipe atomically)."""
+    results = prepare_files(src, transform, relpaths)
+    fd, path = tempfile.mkstemp(dir=spool, suffix=".prepared")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(results, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return path
+
+
+def _take_from_spool(path: str) -> list[Prepared | str]:
+    """The results a worker left in ``path`` (the converter's own file: never a dataset's
+    bytes), removing the file."""
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    finally:
+        os.unlink(path)
 
 
 def _prepare_file(src: str, transform: Transform, relpath: str) -> Prepared | str:
@@ -65,20 +93,22 @@ def prepared_in_order(
         return
     chunk = max(1, min(16, len(relpaths) // (workers * 8)))
     chunks = (relpaths[i : i + chunk] for i in range(0, len(relpaths), chunk))
+    spool = tempfile.TemporaryDirectory(prefix="imgpack-prepared-")
     pool = ProcessPoolExecutor(workers, initializer=_init_worker)
+
+    def submit(part: list[str]) -> Future[str]:
+        return pool.submit(_prepare_into_spool, str(src), transform, part, spool.name)
+
     try:
         # A bounded window of chunks in flight: memory stays flat whatever the folder size,
         # stopping early (an error, Ctrl-C) only waits for those, and a worker that dies
         # (the OOM killer) fails the run instead of hanging it, as Pool.imap would.
-        in_flight: deque[Future[list[Prepared | str]]] = deque()
-        for part in itertools.islice(chunks, 4 * workers):
-            in_flight.append(pool.submit(prepare_files, str(src), transform, part))
+        in_flight: deque[Future[str]] = deque(map(submit, itertools.islice(chunks, 4 * workers)))
         done = 0
         while in_flight:
             try:
-                results = in_flight.popleft().result()
-                for part in itertools.islice(chunks, 1):  # submit too raises once one died
-                    in_flight.append(pool.submit(prepare_files, str(src), transform, part))
+                results = _take_from_spool(in_flight.popleft().result())
+                in_flight.extend(map(submit, itertools.islice(chunks, 1)))  # raises once one died
             except BrokenProcessPool as e:
                 raise WorkerDiedError(
                     f"a worker process died while preparing {relpaths[done]} or the files "
@@ -88,6 +118,7 @@ def prepared_in_order(
             yield from results
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # waits for the chunks running now
+        spool.cleanup()
 
 
 def _init_worker() -> None:
