@@ -20,7 +20,7 @@ from readers.base import ImageDataset, Transform
 from readers.batch import collate, collate_any
 from readers.crop import Crop
 from readers.manifest import load_manifest
-from readers.plan import EpochState, Split, require_full_batches, resolve_rank
+from readers.plan import EpochState, Split, resolve_rank
 from readers.registry import open_dataset
 from readers.sampler import EpochSampler, selected_indices
 from readers.stream import WdsStream
@@ -206,8 +206,6 @@ def make_loader(
             rank=rank,
             world_size=world_size,
         )
-        if drop_last:
-            require_full_batches(source.num_samples, source.world_size, batch_size)
         dataset: Any = source
         sampler = None
     else:

@@ -31,6 +31,7 @@ from readers.plan import (
     BlockOrder,
     EpochSource,
     EpochState,
+    require_full_batches,
     resolve_rank,
     take,
     total,
@@ -111,6 +112,8 @@ class WdsStream(EpochSource, IterableDataset):
         self.drop_last = drop_last
         self._explicit = (rank, world_size)
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        if drop_last:  # without a batch size, a rank's share is dropped below one sample
+            require_full_batches(self.manifest.num_samples, self.world_size, batch_size or 1)
         self._state = EpochState.start(0, seed, self.manifest.num_samples)
         self._version = 0  # of the loaded state, to tell a worker holding an older copy
         self._shared = torch.tensor([0, self.rank, self.world_size, 0]).share_memory_()

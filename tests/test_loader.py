@@ -477,3 +477,8 @@ def test_epoch_sampler_refuses_an_empty_drop_last_epoch_too(roots):
     ds = readers.open_dataset(roots["pt"])
     with pytest.raises(ValueError, match="10 samples"):  # counted in the subset
         readers.make_loader(Subset(ds, range(10)), 4, drop_last=True, rank=0, world_size=3)
+    for batch_size in (8, None):  # a WdsStream used without make_loader
+        with pytest.raises(ValueError, match=r"32 samples .* 40 ranks"):
+            readers.WdsStream(
+                roots["wds"], batch_size=batch_size, drop_last=True, rank=0, world_size=40
+            )
