@@ -40,10 +40,10 @@ import readers
 from convert.scan import scan_folder
 from readers import spec
 from readers.batch import collate_any
-from readers.crop import CenterCrop, Crop
-from readers.fused import place
-from readers.storage import is_url
-from readers.tune import loader_rate
+from readers.feeding.tune import loader_rate
+from readers.images.crop import CenterCrop, Crop
+from readers.images.fused import place
+from readers.storage.remote import is_url
 
 __all__ = [
     "PERCENTILES",

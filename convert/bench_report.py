@@ -14,7 +14,7 @@ import torch
 
 import readers
 from convert.bench import PERCENTILES, path_name
-from readers.storage import is_url
+from readers.storage.remote import is_url
 
 __all__ = ["format_table", "headers", "iter_rows", "machine_facts", "plot", "storage_of"]
 

@@ -15,8 +15,8 @@ from convert.options import ON_ERROR, ConvertOptions, default_workers
 from convert.pipeline import ConversionInterrupted, convert_folder
 from convert.planned import EXECUTORS
 from readers import __version__, spec
-from readers.cache import parse_size
 from readers.manifest import load_manifest
+from readers.storage.cache import parse_size
 
 
 def parse_bytes(text: str) -> int:

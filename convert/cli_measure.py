@@ -1,5 +1,5 @@
 """``imgpack bench`` and ``imgpack tune``: measure reads and DataLoader settings (the work is in
-``convert.bench`` and ``readers.tune``; this only parses and reports)."""
+``convert.bench`` and ``readers.feeding.tune``; this only parses and reports)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from tqdm import tqdm
 
 from convert import bench as measure
 from convert import bench_report as report
-from readers import tune as tuning
+from readers.feeding import tune as tuning
+from readers.feeding.wait import WAIT_SHARE, keeps_up
 from readers.manifest import load_manifest
-from readers.measure import WAIT_SHARE, keeps_up
 from readers.spec import DatasetError
-from readers.storage import is_url
+from readers.storage.remote import is_url
 
 __all__ = ["bench", "fail", "recommended_call", "tune", "verdict"]
 

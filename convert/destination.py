@@ -25,8 +25,9 @@ from pathlib import Path
 from convert.journal import ENTRY_PREFIX, ShardEntry
 from convert.options import ConvertOptions, ConvertResult
 from readers import __version__, spec
-from readers.decode import decoder_name
+from readers.images.decode import decoder_name
 from readers.manifest import Manifest, json_text
+from readers.storage.location import Location
 
 __all__ = [
     "ERRORS_NAME",
@@ -232,7 +233,7 @@ def write_manifest(
     for e in entries:
         per_class.update(e.per_class)
     Manifest(
-        root=dst,
+        location=Location(dst),
         format=options.format,
         encoding=options.encoding,
         shape=shape,

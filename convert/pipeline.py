@@ -54,7 +54,7 @@ from convert.scan import Sample, Scan, scan_source
 from convert.writers import WRITERS, Layout, Record, ShardedOutput
 from readers import spec
 from readers.manifest import load_manifest
-from readers.storage import StorageError, is_url, local_path
+from readers.storage.remote import StorageError, is_url, local_path
 
 __all__ = ["BadInputError", "ConversionInterrupted", "WorkerDiedError", "convert_folder"]
 

@@ -25,7 +25,14 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from readers.decode import StoredImage, decode_image, decode_stored, encode_jpeg, is_jpeg, orient
+from readers.images.decode import (
+    StoredImage,
+    decode_image,
+    decode_stored,
+    encode_jpeg,
+    is_jpeg,
+    orient,
+)
 
 __all__ = [
     "DCT_REDUCING_GAP",
@@ -88,7 +95,7 @@ def resize_shorter(
 
     ``extent`` is the ``(height, width)`` the image spans in ``pixels``, from the top-left
     corner, when that is not the whole array (a DCT-scaled decode,
-    :attr:`readers.decode.StoredImage.extent`): the output size is computed from it, and
+    :attr:`readers.images.decode.StoredImage.extent`): the output size is computed from it, and
     the resize maps exactly that region onto the output, as the full-size path would."""
     h, w = extent or pixels.shape[:2]
     short, long = (h, w) if h <= w else (w, h)

@@ -36,8 +36,8 @@ from convert.journal import (
     shard_files,
 )
 from readers import spec
-from readers.cache import ShardCache
-from readers.storage import RemoteFolder
+from readers.storage.cache import ShardCache
+from readers.storage.remote import RemoteFolder
 
 __all__ = ["RemoteDestination", "RemoteJournal"]
 

@@ -20,33 +20,38 @@ Training code imports this package only; it never pulls in the converter.
 
 from __future__ import annotations
 
-from readers.base import ImageDataset
 from readers.batch import SampleBatch, collate, collate_any
-from readers.crop import CenterCrop, RandomResizedCrop
-from readers.decode import decode_image, decoder_name
-from readers.device import DevicePrefetcher
-from readers.hdf5 import Hdf5Dataset
-from readers.lmdb import LmdbDataset
-from readers.loader import Loader, make_loader
+from readers.dataset import (
+    DATASETS,
+    Hdf5Dataset,
+    ImageDataset,
+    LmdbDataset,
+    PtDataset,
+    WdsDataset,
+    open_dataset,
+)
+from readers.epochs.loader import Loader, make_loader
+from readers.epochs.sampler import EpochSampler
+from readers.epochs.stream import WdsStream
+from readers.feeding.device import DevicePrefetcher
+from readers.feeding.tune import tune_loader
+from readers.feeding.wait import WaitMeter, measure_wait
+from readers.images.crop import CenterCrop, Crop, RandomResizedCrop
+from readers.images.decode import ImageTooLargeError, decode_image, decoder_name
 from readers.manifest import Manifest, load_manifest
-from readers.measure import WaitMeter, measure_wait
-from readers.pt import PtDataset
-from readers.registry import DATASETS, open_dataset
-from readers.sampler import EpochSampler
 from readers.spec import DatasetError
-from readers.storage import StorageError
-from readers.stream import WdsStream
-from readers.tune import tune_loader
-from readers.wds import WdsDataset
+from readers.storage.remote import StorageError
 
 __all__ = [
     "DATASETS",
     "CenterCrop",
+    "Crop",
     "DatasetError",
     "DevicePrefetcher",
     "EpochSampler",
     "Hdf5Dataset",
     "ImageDataset",
+    "ImageTooLargeError",
     "LmdbDataset",
     "Loader",
     "Manifest",

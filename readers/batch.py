@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import default_collate
+
+from readers.epochs.placement import current_worker
 
 __all__ = ["SampleBatch", "collate", "collate_any", "copy_image", "new_batch"]
 
@@ -68,7 +70,7 @@ def new_batch(
     channels_last = len(shape) == 4 and (like is None or (like.dim() == 3 and like.stride(0) == 1))
     order = (0, 2, 3, 1) if channels_last else tuple(range(len(shape)))
     storage_shape = [shape[i] for i in order]
-    if get_worker_info() is not None:
+    if current_worker() is not None:
         numel = int(np.prod(storage_shape))
         # the private allocator default_collate itself uses for worker batches
         storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)

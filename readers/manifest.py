@@ -2,14 +2,13 @@
 
 The converter writes it last (:meth:`Manifest.write`); ``info``, ``verify``, ``--resume``
 and every reader start from it and read its fields as attributes. The names and layouts it
-refers to are :mod:`readers.spec`'s. A dataset at a URL is read through fsspec
-(:mod:`readers.storage`, whose StorageError says why a store could not be reached), its
-shards copied into :mod:`readers.cache`'s folder.
+refers to are :mod:`readers.spec`'s. Where a dataset is (a local folder, or a URL and its
+cache mirror) is a :class:`readers.storage.location.Location`, resolved once and recorded
+in the manifest.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -17,7 +16,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from readers.cache import ShardCache
 from readers.spec import (
     ENCODINGS,
     FORMAT_VERSION,
@@ -31,7 +29,7 @@ from readers.spec import (
     Layout,
     ShardInfo,
 )
-from readers.storage import RemoteFolder, is_url, local_path
+from readers.storage.location import Location
 
 __all__ = ["Manifest", "json_text", "load_manifest"]
 
@@ -43,7 +41,7 @@ class Manifest:
     the converter writes (:meth:`write`). ``to_json`` gives back the dict ``from_json``
     read, key for key."""
 
-    root: Path
+    location: Location
     format: str
     encoding: str
     shape: tuple[int, int, int] | None  # (H, W, 3), or None for "variable"
@@ -61,7 +59,6 @@ class Manifest:
     options: dict[str, Any] = field(default_factory=dict)  # of the conversion
     converted_with: dict[str, Any] | None = None
     errors_file: str | None = None
-    url: str | None = None  # read from this URL; ``root`` is then its local cache mirror
 
     @property
     def num_samples(self) -> int:
@@ -75,9 +72,15 @@ class Manifest:
         return Layout(self.encoding, stored, self.classes, self.options.get("compression"))
 
     @property
-    def location(self) -> str:
-        """Where the dataset is, for messages: its URL, or its folder."""
-        return self.url or str(self.root)
+    def root(self) -> Path:
+        """The local folder the shard files are opened in: the dataset's, or for a URL
+        the cache folder mirroring it."""
+        return self.location.folder
+
+    @property
+    def url(self) -> str | None:
+        """The URL the dataset was read from, or None for a local folder."""
+        return self.location.url
 
     def shard_path(self, index: int) -> Path:
         return self.root / self.shards[index].path
@@ -107,11 +110,11 @@ class Manifest:
 
     @classmethod
     def from_json(
-        cls, root: Path, raw: Any, expect_format: str | None = None, path: str | None = None
+        cls, root: Path | Location, raw: Any, expect_format: str | None = None
     ) -> Manifest:
         """Validate ``raw`` (the parsed ``imgpack.json`` of the dataset at ``root``);
         DatasetError names the file and the field."""
-        return _parse_manifest(root, path or root / MANIFEST_NAME, raw, expect_format)
+        return _parse_manifest(Location.of(root), raw, expect_format)
 
     def write(self) -> None:
         """Write ``root/imgpack.json`` atomically (a temporary file, fsync, rename)."""
@@ -135,7 +138,7 @@ def json_text(value: Any, indent: int | None = None) -> str:
 
 
 def load_manifest(
-    root: str | os.PathLike[str],
+    root: str | os.PathLike[str] | Location,
     expect_format: str | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
@@ -143,16 +146,14 @@ def load_manifest(
 ) -> Manifest:
     """Read and validate ``root/imgpack.json``; raise DatasetError naming the file if bad.
 
-    A relative ``root`` is made absolute here, so the dataset keeps working after
-    ``os.chdir`` (Hydra changes the directory of each run); a path to the manifest itself
-    stands for its folder. A URL (``s3://...``) is read through fsspec with
-    ``storage_options``; the manifest's ``root`` is then the folder of ``cache_dir`` where
-    readers keep their copies of its shards (:mod:`readers.cache`)."""
-    if is_url(root):
-        return _load_remote_manifest(str(root), expect_format, storage_options, cache_dir)
-    root = local_path(root).absolute()
-    if root.name == MANIFEST_NAME and root.is_file():
-        root = root.parent
+    ``root`` is a dataset folder, a path to its manifest, a URL (``s3://...``, read through
+    fsspec with ``storage_options``; the manifest's ``root`` is then the folder of
+    ``cache_dir`` where readers keep their copies of its shards, :mod:`readers.storage.cache`),
+    or a :class:`Location` already resolved. The manifest is read once, here."""
+    location = Location.of(root, storage_options=storage_options, cache_dir=cache_dir)
+    if location.remote is not None:
+        return _parse_manifest(location, _read_remote(location), expect_format)
+    root = location.folder
     path = root / MANIFEST_NAME
     if not root.exists():
         raise DatasetError(f"{root}: no such dataset folder")
@@ -177,19 +178,13 @@ def load_manifest(
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DatasetError(f"{path}: unreadable manifest: {e}") from e
-    return _parse_manifest(root, path, raw, expect_format)
+    return _parse_manifest(location, raw, expect_format)
 
 
-def _load_remote_manifest(
-    url: str,
-    expect_format: str | None,
-    storage_options: dict[str, Any] | None,
-    cache_dir: str | os.PathLike[str] | None,
-) -> Manifest:
-    """:func:`load_manifest` for a URL: ``root`` is the cache's mirror."""
-    url = url.rstrip("/").removesuffix("/" + MANIFEST_NAME)
-    remote = RemoteFolder(url, storage_options)
-    where = remote.url_of(MANIFEST_NAME)
+def _read_remote(location: Location) -> Any:
+    """The parsed ``imgpack.json`` at a URL (one GET), or DatasetError saying why not."""
+    remote, url = location.remote, location.url
+    assert remote is not None
     try:
         text = remote.read(MANIFEST_NAME)
     except FileNotFoundError:
@@ -207,12 +202,9 @@ def _load_remote_manifest(
             what = "no such dataset"
         raise DatasetError(f"{url}: {what}") from None
     try:
-        raw = json.loads(text.decode("utf-8"))
+        return json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DatasetError(f"{where}: unreadable manifest: {e}") from e
-    mirror = ShardCache(cache_dir).mirror(url)
-    manifest = Manifest.from_json(mirror, raw, expect_format, path=where)
-    return dataclasses.replace(manifest, url=url)
+        raise DatasetError(f"{location.where(MANIFEST_NAME)}: unreadable manifest: {e}") from e
 
 
 def _conversion_running(root: Path) -> bool:
@@ -233,9 +225,9 @@ def _conversion_running(root: Path) -> bool:
     return False
 
 
-def _parse_manifest(root: Path, path: str | Path, raw: Any, expect_format: str | None) -> Manifest:
+def _parse_manifest(location: Location, raw: Any, expect_format: str | None) -> Manifest:
     def bad(why: str) -> DatasetError:
-        return DatasetError(f"{path}: {why}")
+        return DatasetError(f"{location.where(MANIFEST_NAME)}: {why}")
 
     if not isinstance(raw, dict):
         raise bad("manifest is not a JSON object")
@@ -301,7 +293,7 @@ def _parse_manifest(root: Path, path: str | Path, raw: Any, expect_format: str |
     if raw.get("dtype", "uint8") != "uint8":
         raise bad(f"unsupported dtype {raw['dtype']!r} (imgpack stores uint8)")
     return Manifest(
-        root=root,
+        location=location,
         format=fmt,
         encoding=encoding,
         shape=tuple(shape) if shape is not None else None,

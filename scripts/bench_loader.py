@@ -33,7 +33,7 @@ from bench_common import BATCH, CROP, MIN_SECONDS, RESIZE, WDS_SHARDS, CenterCro
 
 import readers
 from convert import ConvertOptions, convert_folder
-from readers import plan
+from readers.epochs import plan
 
 IMAGENET = 1_281_167
 TARGET_COST = 0.95  # make_loader's rate over the plain reader's

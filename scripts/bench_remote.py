@@ -42,7 +42,7 @@ from bench_common import (
 sys.path.insert(0, str(ROOT))
 import readers
 from convert import ConvertOptions, convert_folder
-from tests.s3_server import local_s3_server
+from scripts.s3_server import local_s3_server
 
 BUCKET = "imgpack-bench"
 OPTIONS = ConvertOptions("wds", resize=256, shuffle=True, shard_size=500)

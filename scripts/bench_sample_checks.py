@@ -24,8 +24,8 @@ import torch
 
 import readers
 from convert import ConvertOptions, convert_folder
-from readers.checks import SampleCrcs
-from readers.wds import WdsShard
+from readers.formats.checks import SampleCrcs
+from readers.formats.wds import WdsShard
 
 ROOT = Path(__file__).resolve().parent.parent
 

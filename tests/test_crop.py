@@ -18,10 +18,12 @@ from PIL import Image
 
 import readers
 from convert import ConvertOptions, convert_folder
-from readers import decode, jpeg_batch, spec
-from readers.fused import dct_factor
-from readers.tune import Setting, sweep
-from readers.wds import read_index
+from readers import spec
+from readers.feeding.tune import Setting, sweep
+from readers.formats.wds import read_index
+from readers.images import decode
+from readers.images.fused import dct_factor
+from readers.images.turbo import turbo_decoder
 from tests.photos import encode, photo_crop
 
 # (height, width): stored short side 256 as the benchmark's, larger ones that decode
@@ -57,7 +59,7 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dst
 
 
-def plain(ds: readers.ImageDataset, crop: readers.crop.Crop, index: int) -> torch.Tensor:
+def plain(ds: readers.ImageDataset, crop: readers.images.crop.Crop, index: int) -> torch.Tensor:
     """What the fused path must give: a full decode, then the crop, resize and flip on the
     ``[3, H, W]`` tensor (zero padding for a box outside the image)."""
     stored = ds.stored(index)
@@ -73,7 +75,7 @@ def plain(ds: readers.ImageDataset, crop: readers.crop.Crop, index: int) -> torc
     return box.flip(-1) if flip else box
 
 
-def scaled(ds: readers.ImageDataset, crop: readers.crop.Crop, index: int) -> bool:
+def scaled(ds: readers.ImageDataset, crop: readers.images.crop.Crop, index: int) -> bool:
     """Whether the fused path decodes sample ``index`` DCT-scaled."""
     size = decode.jpeg_size(ds.stored(index))
     if size is None:
@@ -197,12 +199,12 @@ def test_pillow_fallback_gives_the_same_crops(photos, name):
     )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(decode.DECODER_ENV, "pillow")
-        for cached in (decode._turbojpeg, jpeg_batch.turbo_decoder):
+        for cached in (decode._turbojpeg, turbo_decoder):
             cached.cache_clear()
-        assert jpeg_batch.turbo_decoder() is None
+        assert turbo_decoder() is None
         ds = readers.open_dataset(photos, crop=crop)
         pillow, _ = readers.collate(ds.__getitems__([0, 1, 2, 3, 5]))
-    for cached in (decode._turbojpeg, jpeg_batch.turbo_decoder):
+    for cached in (decode._turbojpeg, turbo_decoder):
         cached.cache_clear()
     assert all(close(a, b) for a, b in zip(turbo, pillow, strict=True))
 

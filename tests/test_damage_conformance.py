@@ -41,7 +41,7 @@ Read = Callable[[Path], list[torch.Tensor]]
 def _locate_sample(root: Path) -> tuple[Path, bytearray, int, int]:
     """Shard 0's bytes and where sample DAMAGED's stored bytes (for raw: its pixels; for
     compressed HDF5 chunks: its chunk) lie."""
-    value = readers.open_dataset(root).open_shard(0).read(DAMAGED)
+    value = readers.open_dataset(root).shard(0).read(DAMAGED)
     sample = value.tobytes() if isinstance(value, np.ndarray) else bytes(value)
     shard = readers.load_manifest(root).shard_path(0)
     content = bytearray(shard.read_bytes())

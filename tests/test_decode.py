@@ -23,7 +23,7 @@ import pytest
 from PIL import Image, ImageFile, ImageOps
 from skimage import data as photos
 
-from readers.decode import (
+from readers.images.decode import (
     DECODER_ENV,
     ImageTooLargeError,
     _exif_orientation,
@@ -478,7 +478,7 @@ def test_falls_back_to_pillow_with_one_warning_when_turbojpeg_is_missing() -> No
         logging.basicConfig()
         sys.modules["turbojpeg"] = None  # as if PyTurboJPEG were not installed
         import numpy as np
-        from readers.decode import decode_image, decoder_name
+        from readers.images.decode import decode_image, decoder_name
         data = open("sample_data/scenes/china_00.jpg", "rb").read()
         for _ in range(3):
             pixels = decode_image(data)
@@ -494,7 +494,8 @@ def test_falls_back_to_pillow_with_one_warning_when_turbojpeg_is_missing() -> No
 
 def test_decoder_can_be_forced_to_pillow() -> None:
     result = _run(
-        "from readers.decode import decoder_name; print(decoder_name())", IMGPACK_DECODER="pillow"
+        "from readers.images.decode import decoder_name; print(decoder_name())",
+        IMGPACK_DECODER="pillow",
     )
     assert result.stdout.strip() == "pillow", result.stderr
 

@@ -19,7 +19,8 @@ import torch
 from torch.utils.data import DataLoader, Subset, random_split
 
 import readers
-from readers import plan
+from readers.epochs import plan
+from readers.epochs.placement import Placement
 from tests.dist_rank import digest
 
 pytestmark = [
@@ -141,18 +142,19 @@ def test_block_order_permutes_within_windows_and_depends_only_on_seed_and_epoch(
     assert stored.indices(3, 7).tolist() == [3, 4, 5, 6]
 
 
-def test_resolve_rank_prefers_explicit_then_environment(monkeypatch):
+def test_placement_prefers_explicit_then_environment(monkeypatch):
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    assert plan.resolve_rank() == (2, 4)
-    assert plan.resolve_rank(1, 3) == (1, 3)
+    assert Placement.detect() == Placement(2, 4)
+    assert Placement.detect(1, 3) == Placement(1, 3)
+    assert Placement.for_loader(False, None, None) == Placement(0, 1)
     monkeypatch.delenv("RANK")
     monkeypatch.delenv("WORLD_SIZE")
-    assert plan.resolve_rank() == (0, 1)
+    assert Placement.detect() == Placement(0, 1)
     with pytest.raises(ValueError, match="rank 3 is not in a world of size 3"):
-        plan.resolve_rank(3, 3)
+        Placement.detect(3, 3)
     with pytest.raises(ValueError, match="both"):
-        plan.resolve_rank(1, None)
+        Placement.detect(1, None)
 
 
 # --- make_loader in one process ----------------------------------------------------------------

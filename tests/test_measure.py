@@ -23,8 +23,9 @@ from convert.bench import FolderDataset, crop_for, open_source, resident_fractio
 from convert.cli import main
 from convert.cli_measure import verdict
 from convert.scan import scan_folder
-from readers import spec, tune
-from readers.measure import WAIT_SHARE, WaitReport, keeps_up
+from readers import spec
+from readers.feeding import tune
+from readers.feeding.wait import WAIT_SHARE, WaitReport, keeps_up
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -339,7 +340,7 @@ def test_undecoded_samples_decode_in_the_prefetcher_like_the_readers(converted, 
         assert value.dtype == torch.uint8 and value.ndim == 1
         assert value.numpy().tobytes() == bytes(plain.stored(i))
     loader = readers.make_loader(root, 4, decode=False, shuffle=False)
-    with caplog.at_level("WARNING", logger="readers.device"):
+    with caplog.at_level("WARNING", logger="readers.feeding.device"):
         fed = list(readers.DevicePrefetcher(loader, "cpu", gpu_decode=True))
     assert sum("decoding on the CPU" in r.getMessage() for r in caplog.records) <= 1
     images = [image for batch, _ in fed for image in batch]  # sizes vary: lists

@@ -28,10 +28,10 @@ from convert import ConvertOptions, convert_folder
 from convert.cli import main
 from convert.journal import ENTRY_PREFIX
 from readers import spec
-from readers.cache import ShardCache
-from readers.storage import RemoteFolder
+from readers.storage.cache import ShardCache
+from readers.storage.remote import RemoteFolder
+from scripts.s3_server import local_s3_server
 from tests.conftest import SAMPLE_DATA
-from tests.s3_server import local_s3_server
 
 BUCKET = "imgpack-test"
 

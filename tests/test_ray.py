@@ -26,9 +26,9 @@ from convert import ConvertOptions, convert_folder
 from convert.pipeline import BadInputError
 from convert.planned import RAY_HINT
 from readers import spec
+from scripts.s3_server import local_s3_server
 from tests.conftest import SAMPLE_DATA
 from tests.photos import photo_folder
-from tests.s3_server import local_s3_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARD = 8  # sample_data's 32 images in 4 shards
@@ -241,7 +241,7 @@ def test_ray_resumes_an_object_store_conversion_on_another_machine(
     """The journal is in the bucket: a driver killed mid-run, its staging folder lost, is
     resumed elsewhere, keeping the shards it uploaded (planned shards, in any order)."""
     from convert.journal import ENTRY_PREFIX
-    from readers.storage import RemoteFolder
+    from readers.storage.remote import RemoteFolder
 
     with local_s3_server("imgpack-ray-resume"):
         url = "s3://imgpack-ray-resume/wds"

@@ -64,7 +64,7 @@ def replace_shard(root: Path, index: int, data: bytes) -> Path:
 
 def stored_bytes(root: Path, local: int) -> bytes:
     """Sample ``local`` of shard 0 as the shard stores it (encoded bytes or HWC pixels)."""
-    value = readers.open_dataset(root).open_shard(0).read(local)
+    value = readers.open_dataset(root).shard(0).read(local)
     return value.tobytes() if isinstance(value, np.ndarray) else bytes(value)
 
 

@@ -194,7 +194,7 @@ def test_turbojpeg_and_pillow_decode_sample_data_identically() -> None:
         assert np.array_equal(readers.decode_image(data, rel), pillow_decode(data)), rel
     # and for JPEGs that imgpack encodes itself
     pixels = reference_pixels(samples[0][0], 80, None)
-    from readers.decode import encode_jpeg
+    from readers.images.decode import encode_jpeg
 
     data = encode_jpeg(np.ascontiguousarray(pixels), 90)
     assert np.array_equal(readers.decode_image(data), pillow_decode(data))

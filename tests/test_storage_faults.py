@@ -27,9 +27,9 @@ import pytest
 import readers
 from convert import ConvertOptions, convert_folder
 from readers import spec
-from readers.storage import RemoteFolder
+from readers.storage.remote import RemoteFolder
+from scripts.s3_server import S3Server, free_port, local_s3_server
 from tests.conftest import SAMPLE_DATA
-from tests.s3_server import S3Server, free_port, local_s3_server
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "imgpack-faults"

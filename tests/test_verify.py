@@ -128,7 +128,7 @@ def test_deep_names_a_sample_that_does_not_decode(dataset_copy, fmt):
         f.write(b"\x00" * 16)
     reseal(root, 1)
     assert verify(root).exit_code == 0
-    # The reader's CRC-32 of the sample fails before any decode (readers.checks).
+    # The reader's CRC-32 of the sample fails before any decode (readers.formats.checks).
     deep = verify(root, "--deep")
     assert_caught(deep, f"{shard}[3] (sample 13): stored bytes fail their CRC-32")
     assert deep.output.count(f"{shard}[3]") == 1  # named once, not by verify and the reader

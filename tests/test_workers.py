@@ -7,6 +7,7 @@ what ``ds[i]`` gives for every ``i``: each sample must be seen exactly once per 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -22,6 +23,7 @@ from torch.utils.data import DataLoader
 
 import readers
 from readers import spec
+from readers.dataset import open_local_shard
 
 pytestmark = pytest.mark.filterwarnings(
     # only raised on machines with fewer than 2 usable CPUs; not what these tests check
@@ -43,41 +45,17 @@ def transform_for(case: str) -> Any:
     return crop32 if case == "jpeg" else None
 
 
-class CountOpens:
-    """Mixin that logs ``"<pid> <shard>"`` to ``self.open_log`` on every shard open."""
-
-    open_log: str
-
-    def open_shard(self, index: int) -> Any:
-        with open(self.open_log, "a", encoding="utf-8") as f:
-            f.write(f"{os.getpid()} {index}\n")
-        return super().open_shard(index)  # type: ignore[misc]
-
-
-class CountingPt(CountOpens, readers.PtDataset):
-    pass
-
-
-class CountingHdf5(CountOpens, readers.Hdf5Dataset):
-    pass
-
-
-class CountingLmdb(CountOpens, readers.LmdbDataset):
-    pass
-
-
-class CountingWds(CountOpens, readers.WdsDataset):
-    pass
-
-
-COUNTING = {"pt": CountingPt, "hdf5": CountingHdf5, "lmdb": CountingLmdb, "wds": CountingWds}
+def counting_opener(log: str, manifest: readers.Manifest, index: int) -> Any:
+    """A shard opener (``opener=``) that logs ``"<pid> <shard>"`` to ``log`` on every open;
+    a ``partial`` of it pickles into spawned workers."""
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"{os.getpid()} {index}\n")
+    return open_local_shard(manifest, index)
 
 
 def counting_dataset(root: Path, case: str, log: Path) -> readers.ImageDataset:
-    fmt = readers.load_manifest(root).format
-    ds = COUNTING[fmt](root, transform=transform_for(case))
-    ds.open_log = str(log)
-    return ds
+    opener = functools.partial(counting_opener, str(log))
+    return readers.open_dataset(root, transform=transform_for(case), opener=opener)
 
 
 def read_opens(log: Path) -> list[tuple[int, int]]:
@@ -239,7 +217,7 @@ def test_pickle_after_use_carries_no_handle(converted, fmt: str, case: str) -> N
     copy = pickle.loads(data)
     assert type(copy) is readers.DATASETS[fmt]
     assert copy._shards == {}
-    assert copy._pool is None
+    assert copy._pool._pool is None  # no threads came along
     assert [checksum(*copy[i]) for i in range(len(copy))] == expected
     assert [copy.source_path(i) for i in range(len(copy))] == paths
     batch = copy.__getitems__([31, 0, 14, 14])

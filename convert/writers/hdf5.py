@@ -1,4 +1,4 @@
-"""Writer for ``hdf5`` files (layout: ``readers/hdf5.py``, names: ``readers.spec``).
+"""Writer for ``hdf5`` files (layout: ``readers/formats/hdf5.py``, names: ``readers.spec``).
 
 Samples are appended in blocks to resizable datasets, so a single-file dataset of any size
 never sits in memory. ``track_times=False`` keeps the file free of timestamps.

@@ -1,4 +1,4 @@
-"""Writer for ``lmdb`` files (layout: ``readers/lmdb.py``, names: ``readers.spec``).
+"""Writer for ``lmdb`` files (layout: ``readers/formats/lmdb.py``, names: ``readers.spec``).
 
 The map size starts small and doubles whenever the next transaction might not fit, so
 there is no terabyte-sized guess that some filesystems refuse, and no MapFullError. The

@@ -1,4 +1,4 @@
-"""Writer for ``pt`` shards (layout: ``readers/pt.py``, names: ``readers.spec``).
+"""Writer for ``pt`` shards (layout: ``readers/formats/pt.py``, names: ``readers.spec``).
 
 A shard is the zip archive that ``torch.save`` writes for a dict of plain tensors, so it
 loads with ``weights_only=True``; but the shard is never held in memory. Each tensor's

@@ -1,4 +1,4 @@
-"""Writer for ``wds`` tar shards (layout: ``readers/wds.py``, names: ``readers.spec``).
+"""Writer for ``wds`` tar shards (layout: ``readers/formats/wds.py``, names: ``readers.spec``).
 
 Tars are written in USTAR format with the standard library's headers (``TarInfo.tobuf``)
 and fixed owner, mode and mtime, so the same samples give byte-identical tars. The headers

@@ -1,13 +1,13 @@
 """Decode, crop and resize one stored sample straight into its row of a batch.
 
-The box comes from a :class:`readers.crop.Crop`. A JPEG whose box is at least twice the
+The box comes from a :class:`readers.images.crop.Crop`. A JPEG whose box is at least twice the
 output in both directions decodes scaled down in the DCT domain (1/2, 1/4 or 1/8, the
 box scaled with it), everything else at full size; the box is then copied into the row,
 or resized with torch's antialiased bilinear (torchvision's ``resize`` of uint8 tensors),
 and mirrored by the copy. Without DCT scaling the pixels equal a full decode followed by
 the same crop and resize on the tensor; with it they differ by a few levels.
 
-The fast path (libjpeg-turbo through :mod:`readers.jpeg_batch`) takes upright, complete
+The fast path (libjpeg-turbo through :mod:`readers.images.turbo`) takes upright, complete
 JPEGs; everything else, and any JPEG libjpeg-turbo fails or warns on, is decoded by
 :func:`readers.decode_image` (PyTurboJPEG, else Pillow: the same judge of damaged files
 as every other path) and cropped from its pixels.
@@ -22,9 +22,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from readers.crop import Crop
-from readers.decode import JPEG_EOI, check_pixels, decode_image, is_jpeg, jpeg_header
-from readers.jpeg_batch import TurboDecoder, turbo_decoder
+from readers.images.crop import Crop
+from readers.images.decode import JPEG_EOI, check_pixels, decode_image, is_jpeg, jpeg_header
+from readers.images.turbo import TurboDecoder, turbo_decoder
 from readers.spec import DatasetError
 
 __all__ = [

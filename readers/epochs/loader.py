@@ -16,14 +16,15 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, Subset
 
-from readers.base import ImageDataset, Transform
 from readers.batch import collate, collate_any
-from readers.crop import Crop
+from readers.dataset import ImageDataset, Transform, open_dataset
+from readers.epochs.placement import Placement
+from readers.epochs.plan import EpochState, Split
+from readers.epochs.sampler import EpochSampler, selected_indices
+from readers.epochs.stream import WdsStream
+from readers.images.crop import Crop
 from readers.manifest import load_manifest
-from readers.plan import EpochState, Split, resolve_rank
-from readers.registry import open_dataset
-from readers.sampler import EpochSampler, selected_indices
-from readers.stream import WdsStream
+from readers.storage.location import Location
 
 __all__ = ["Loader", "make_loader"]
 
@@ -171,7 +172,7 @@ def make_loader(
             inside the decode, with new random crops every epoch.
         rank, world_size: explicit placement, overriding what the process can see.
         storage_options, cache_dir: for a URL: fsspec's options, and where map-style
-            readers cache the shards they open (:mod:`readers.cache`); the stream reads
+            readers cache the shards they open (:mod:`readers.storage.cache`); the stream reads
             byte ranges and caches nothing.
         **dataloader_kwargs: anything else ``DataLoader`` takes (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``...);
@@ -180,7 +181,7 @@ def make_loader(
     taken = [name for name in _OWN_ARGUMENTS if name in dataloader_kwargs]
     if taken:
         raise ValueError(f"make_loader chooses {', '.join(taken)} itself; do not pass it")
-    rank, world_size = _placement(distributed, rank, world_size)
+    placement = Placement.for_loader(distributed, rank, world_size)
     path, indices = _unwrap_subset(path, indices)
     dataloader_kwargs.setdefault("collate_fn", collate if decode else collate_any)
     source: EpochSampler | WdsStream
@@ -190,11 +191,15 @@ def make_loader(
                 "stream=True reads whole passes over a wds dataset's shards: read a subset "
                 "map-style (stream=False)"
             )
-        root = path.manifest.location if isinstance(path, ImageDataset) else path
-        if load_manifest(root, storage_options=storage_options).format != "wds":
-            raise ValueError(f"{root}: stream=True reads wds datasets only")
+        if isinstance(path, ImageDataset):
+            manifest = path.manifest
+        else:
+            location = Location.of(path, storage_options=storage_options, cache_dir=cache_dir)
+            manifest = load_manifest(location)
+        if manifest.format != "wds":
+            raise ValueError(f"{manifest.location}: stream=True reads wds datasets only")
         source = WdsStream(
-            root,
+            manifest,
             storage_options=storage_options,
             transform=transform,
             decode=decode,
@@ -203,8 +208,7 @@ def make_loader(
             seed=seed,
             batch_size=batch_size,
             drop_last=drop_last,
-            rank=rank,
-            world_size=world_size,
+            placement=placement,
         )
         dataset: Any = source
         sampler = None
@@ -227,8 +231,7 @@ def make_loader(
             seed=seed,
             drop_last=drop_last,
             batch_size=batch_size,
-            rank=rank,
-            world_size=world_size,
+            placement=placement,
             indices=indices,
         )
 
@@ -262,17 +265,3 @@ def _unwrap_subset(
             f"readers.open_dataset, or a torch Subset of one; not {what}"
         )
     return path, chosen
-
-
-def _placement(
-    distributed: bool | None, rank: int | None, world_size: int | None
-) -> tuple[int, int]:
-    if distributed is False:
-        return 0, 1
-    placed = resolve_rank(rank, world_size)
-    if distributed and rank is None and placed == (0, 1) and "WORLD_SIZE" not in os.environ:
-        raise ValueError(
-            "distributed=True but torch.distributed is not initialised and neither "
-            "RANK/WORLD_SIZE nor rank=/world_size= are set"
-        )
-    return placed

@@ -2,7 +2,7 @@
 
 It does what ``DistributedSampler`` does — one seeded order per epoch, the same on every
 rank, each rank its own equal share — and in addition resumes mid-epoch, with the same or
-another world size, by the rule in :mod:`readers.plan`; over the whole dataset or a subset
+another world size, by the rule in :mod:`readers.epochs.plan`; over the whole dataset or a subset
 of its indices.
 """
 
@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from readers.plan import (
+from readers.epochs.placement import Placement
+from readers.epochs.plan import (
     EpochSource,
     epoch_permutation,
     positions,
     require_full_batches,
-    resolve_rank,
     subset_digest,
     wrapped,
 )
@@ -41,6 +41,8 @@ class EpochSampler(EpochSource, Sampler[int]):
         batch_size: the DataLoader's, so that ``drop_last`` drops only a short last batch.
         rank, world_size: explicit placement; by default taken from ``torch.distributed``
             or ``RANK``/``WORLD_SIZE`` when the sampler is built and at :meth:`set_epoch`.
+        placement: the same as a :class:`readers.epochs.placement.Placement` resolved
+            once (what :func:`readers.make_loader` passes).
         indices: read only these dataset indices (a subset: the epochs, shares and resume
             are over them, and the sampler yields dataset indices); default all.
 
@@ -61,6 +63,7 @@ class EpochSampler(EpochSource, Sampler[int]):
         batch_size: int = 1,
         rank: int | None = None,
         world_size: int | None = None,
+        placement: Placement | None = None,
         indices: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         size = data if isinstance(data, int) else len(data)
@@ -71,7 +74,9 @@ class EpochSampler(EpochSource, Sampler[int]):
         self.seed = seed
         self.drop_last = drop_last
         self.batch_size = batch_size
-        self._explicit = (rank, world_size)
+        self._placement = Placement.fixed(
+            rank, world_size, placement
+        )  # None: detected at each set_epoch
         self._place()
         self._state = self.start_state(0)
         self._yielded = 0  # by the current iterator, on this rank
@@ -110,7 +115,8 @@ class EpochSampler(EpochSource, Sampler[int]):
 
     def _place(self) -> None:
         """Resolve rank and world size (again: a group may exist by now)."""
-        self.rank, self.world_size = resolve_rank(*self._explicit)
+        placement = self._placement or Placement.detect()
+        self.rank, self.world_size = placement.rank, placement.world_size
         if self.drop_last:
             require_full_batches(self.num_samples, self.world_size, self.batch_size)
 

@@ -11,7 +11,7 @@ extensions above: anything else in a tar (``.pyd``, ``.pickle``) is never read, 
 decoded. Any WebDataset pipeline reads the same tars.
 
 In each reading process a shard's index is NumPy arrays (offsets, sizes, labels, whether
-the sample is raw, and the paths as one blob, :class:`readers.paths.PathTable`): about
+the sample is raw, and the paths as one blob, :class:`readers.formats.paths.PathTable`): about
 33 bytes per sample plus its path, where the JSON's Python lists took ~224.
 """
 
@@ -25,13 +25,13 @@ import numpy as np
 import torch
 
 from readers import spec
-from readers.base import ImageDataset
-from readers.checks import SampleCrcs, npy_pixels
-from readers.paths import PathTable
-from readers.spec import DatasetError
-from readers.storage import RemoteFolder
+from readers.formats.checks import SampleCrcs, npy_pixels
+from readers.formats.paths import PathTable
+from readers.formats.reader import ShardReader
+from readers.spec import DatasetError, Layout
+from readers.storage.remote import RemoteFolder
 
-__all__ = ["RangedWdsShard", "WdsDataset", "parse_index", "read_index"]
+__all__ = ["RangedWdsShard", "WdsShard", "parse_index", "read_index"]
 
 
 def read_index(tar_path: str, tar_size: int) -> dict[str, list[Any]]:
@@ -83,12 +83,12 @@ def _check_index_entry(
         raise ValueError(f"sample {k}: invalid extension, label or path")
 
 
-class WdsShard:
-    """A tar shard read by offset through its index; ``shape`` is the dataset's fixed
-    ``[H, W, 3]`` of raw pixels, if it has one."""
+class WdsShard(ShardReader):
+    """A tar shard read by offset through its index (``layout.shape``: the dataset's fixed
+    ``[H, W, 3]`` of raw pixels, if it has one)."""
 
-    def __init__(self, path: str, shape: tuple[int, int, int] | None = None) -> None:
-        self._path, self._shape = path, shape
+    def __init__(self, path: str, layout: Layout) -> None:
+        self._path, self._shape = path, layout.shape
         self._fd: int | None = os.open(path, os.O_RDONLY)
         self._set_index(read_index(path, os.fstat(self._fd).st_size))
 
@@ -139,10 +139,6 @@ class WdsShard:
                 raise DatasetError(f"{self._path}[{i}]: not a raw sample of this shape")
             rows[row] = value.reshape(-1)
 
-    def read_many(self, indices: list[int]) -> list[bytes | np.ndarray]:
-        """Samples ``indices`` as :meth:`read` gives each (ascending order reads fastest)."""
-        return [self.read(i) for i in indices]
-
     def path(self, i: int) -> str:
         return self._paths[i]
 
@@ -160,9 +156,9 @@ class RangedWdsShard(WdsShard):
         remote: RemoteFolder,
         name: str,
         tar_size: int,
-        shape: tuple[int, int, int] | None = None,
+        layout: Layout,
     ) -> None:
-        self._path, self._fd, self._shape = remote.url_of(name), None, shape
+        self._path, self._fd, self._shape = remote.url_of(name), None, layout.shape
         self._remote, self._name = remote, name
         index_name = name + spec.WDS_INDEX_SUFFIX
         try:
@@ -187,23 +183,3 @@ class RangedWdsShard(WdsShard):
             if not isinstance(value, np.ndarray) or value.size != rows.shape[1]:
                 raise DatasetError(f"{self._path}: sample {i} is not a raw sample of this shape")
             rows[row] = value.reshape(-1)
-
-
-class WdsDataset(ImageDataset):
-    """Map-style, random-access dataset over WebDataset tars (through their indexes)."""
-
-    format = "wds"
-
-    def __init__(
-        self, root: str | os.PathLike[str], *args: Any, byte_ranges: bool = False, **kwargs: Any
-    ) -> None:
-        """``byte_ranges``: for a URL, read samples by byte ranges of the remote tars instead
-        of copying each shard into the local cache first (what :class:`WdsStream` does)."""
-        super().__init__(root, *args, **kwargs)
-        self.byte_ranges = byte_ranges
-
-    def open_shard(self, index: int) -> WdsShard:
-        if self._remote is not None and self.byte_ranges:
-            info = self.manifest.shards[index]
-            return RangedWdsShard(self._remote, info.path, info.bytes, self.manifest.layout.shape)
-        return WdsShard(str(self.manifest.shard_path(index)), self.manifest.layout.shape)

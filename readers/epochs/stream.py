@@ -1,9 +1,9 @@
 """Streaming reads of ``wds`` tars: exact, equal shares per rank and worker, resumable.
 
 :class:`WdsStream` reads each DataLoader worker's share of an epoch in ascending passes over
-the tars (through each tar's offset index, see :mod:`readers.wds`), one shuffle window at a
+the tars (through each tar's offset index, see :mod:`readers.formats.wds`), one shuffle window at a
 time, and serves the window's samples in a seeded permuted order. Which samples each rank
-and worker reads, and how an interrupted epoch goes on, follow :mod:`readers.plan`: every
+and worker reads, and how an interrupted epoch goes on, follow :mod:`readers.epochs.plan`: every
 rank gets the same number of samples and batches, known before the epoch starts, even with
 fewer shards than ranks x workers (shares are sample ranges, not whole shards).
 
@@ -15,7 +15,6 @@ ever guesses its rank.
 
 from __future__ import annotations
 
-import itertools
 import os
 import warnings
 from collections.abc import Iterator
@@ -23,21 +22,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
-from readers.base import Transform
-from readers.crop import Crop
-from readers.plan import (
+from readers.dataset import Transform, WdsDataset, open_local_shard
+from readers.epochs.placement import Placement, current_worker, visible_world_size
+from readers.epochs.plan import (
     BlockOrder,
     EpochSource,
     EpochState,
     require_full_batches,
-    resolve_rank,
     take,
     total,
     wrapped,
 )
-from readers.wds import WdsDataset
+from readers.formats import RangedWdsShard, ShardReader
+from readers.images.crop import Crop
+from readers.manifest import Manifest
 
 __all__ = ["WdsStream"]
 
@@ -51,7 +51,7 @@ class WdsStream(EpochSource, IterableDataset):
     Each epoch, shards are taken in a seeded order and the samples inside every window of
     ``shuffle_buffer`` consecutive samples come out permuted; the order depends only on
     ``seed`` and the epoch. Ranks take equal contiguous slices of it (see
-    :mod:`readers.plan`), and DataLoader workers every ``num_workers``-th batch of their
+    :mod:`readers.epochs.plan`), and DataLoader workers every ``num_workers``-th batch of their
     rank's slice, so a rank's order does not depend on the number of workers.
 
     Args:
@@ -70,6 +70,8 @@ class WdsStream(EpochSource, IterableDataset):
         rank, world_size: explicit placement; by default from ``torch.distributed`` or
             ``RANK``/``WORLD_SIZE``, read in the training process at construction,
             :meth:`set_epoch`, :meth:`load_state_dict` and each in-process ``__iter__``.
+        placement: the same as a :class:`readers.epochs.placement.Placement` resolved
+            once (what :func:`readers.make_loader` passes).
         decode: False yields encoded samples undecoded (see :class:`readers.ImageDataset`).
         crop: a crop done inside the decode (see :class:`readers.ImageDataset`); random
             crops depend on the seed, epoch and sample index only.
@@ -80,7 +82,7 @@ class WdsStream(EpochSource, IterableDataset):
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | Manifest,
         transform: Transform | None = None,
         shuffle_buffer: int = 1000,
         seed: int = 0,
@@ -89,6 +91,7 @@ class WdsStream(EpochSource, IterableDataset):
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        placement: Placement | None = None,
         decode: bool = True,
         crop: Crop | None = None,
         storage_options: dict[str, Any] | None = None,
@@ -102,7 +105,7 @@ class WdsStream(EpochSource, IterableDataset):
             decode=decode,
             crop=crop,
             storage_options=storage_options,
-            byte_ranges=True,
+            opener=open_by_ranges,
         )
         self.manifest = self._dataset.manifest
         self.transform = transform
@@ -110,8 +113,10 @@ class WdsStream(EpochSource, IterableDataset):
         self.seed = seed
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self._explicit = (rank, world_size)
-        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self._placement = Placement.fixed(
+            rank, world_size, placement
+        )  # None: detected at each placement point
+        self.rank, self.world_size = self._place()
         if drop_last:  # without a batch size, a rank's share is dropped below one sample
             require_full_batches(self.manifest.num_samples, self.world_size, batch_size or 1)
         self._state = EpochState.start(0, seed, self.manifest.num_samples)
@@ -144,7 +149,7 @@ class WdsStream(EpochSource, IterableDataset):
         Call it before the DataLoader starts its workers: persistent workers already
         running keep their copy, and refuse to serve a stale epoch. Inside a worker it
         takes back that worker's own state (what torchdata's StatefulDataLoader does)."""
-        info = get_worker_info()
+        info = current_worker()
         loaded = EpochState.from_dict(state, self.manifest.num_samples, self.seed)
         if info is not None:
             if (state.get("worker"), state.get("num_workers")) != (info.id, info.num_workers):
@@ -165,7 +170,7 @@ class WdsStream(EpochSource, IterableDataset):
         counts for its workers); inside a DataLoader worker, where torchdata's
         StatefulDataLoader asks for it, that worker's own position."""
         split = self.split(self._iterating)
-        info = get_worker_info()
+        info = current_worker()
         if info is None:
             state = self._iterating.advanced(split, split.consumed_samples(self._yielded))
             return state.state_dict(self.world_size)
@@ -181,7 +186,7 @@ class WdsStream(EpochSource, IterableDataset):
         return self.split().per_rank
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
-        info = get_worker_info()
+        info = current_worker()
         skip = 0
         if info is None:
             self._publish()
@@ -204,19 +209,19 @@ class WdsStream(EpochSource, IterableDataset):
         self._iterating, self._yielded = state, skip
         self._dataset.set_epoch(state.epoch)
         chunks = [chunk for lo, hi in mine for chunk in order.chunks(lo, hi)]
+        ds = self._dataset
         for group in self._read_ahead(chunks):
-            parts = [order.indices(a, b) for a, b in group]
-            stored = self._fetch(np.concatenate(parts))
-            for indices in parts:
-                for item in self._decode(indices, stored):
-                    self._yielded += 1  # before the yield: a state taken now counts it
-                    yield item
+            indices = np.concatenate([order.indices(a, b) for a, b in group]).tolist()
+            for index, value in zip(indices, ds.read_stored(indices), strict=True):
+                item = ds.serve(value, index)
+                self._yielded += 1  # before the yield: a state taken now counts it
+                yield item
 
     # --- internals ----------------------------------------------------------------------
     def _read_ahead(self, chunks: list[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
         """The chunks read in one go: one at a time from local disk; from object storage,
         all of this worker's chunks in one shuffle window (at least 1,000 samples), so that
-        one round of merged range requests serves them (see :mod:`readers.storage`)."""
+        one round of merged range requests serves them (see :mod:`readers.storage.remote`)."""
         if self.manifest.url is None:
             yield from ([c] for c in chunks)
             return
@@ -230,29 +235,9 @@ class WdsStream(EpochSource, IterableDataset):
         if group:
             yield group
 
-    def _fetch(self, indices: np.ndarray) -> dict[tuple[int, int], Any]:
-        """The stored values of ``indices``, read shard by shard in ascending order."""
-        ds = self._dataset
-        located = sorted(ds._locate(i) for i in indices.tolist())
-        stored: dict[tuple[int, int], Any] = {}
-        for shard, group in itertools.groupby(located, key=lambda sk: sk[0]):
-            local = [k for _, k in group]
-            values = ds._shard(shard).read_many(local)
-            stored.update(zip([(shard, k) for k in local], values, strict=True))
-        return stored
-
-    def _decode(
-        self, indices: np.ndarray, stored: dict[tuple[int, int], Any]
-    ) -> Iterator[tuple[Any, int]]:
-        """Samples ``indices`` in that order, from what :meth:`_fetch` read."""
-        ds = self._dataset
-        for shard, local in map(ds._locate, indices.tolist()):
-            value = stored[shard, local]
-            yield ds._decode(value, shard, local), int(ds._shard(shard).labels[local])
-
     def _publish(self) -> None:
         """Write epoch, placement and state version where every worker reads them."""
-        self.rank, self.world_size = resolve_rank(*self._explicit)
+        self.rank, self.world_size = self._place()
         self._shared[:] = torch.tensor(
             [self._state.epoch, self.rank, self.world_size, self._version]
         )
@@ -266,18 +251,24 @@ class WdsStream(EpochSource, IterableDataset):
                 "workers started, so they cannot see it: load the state before the first "
                 "iteration, or use readers.make_loader, which restarts its workers"
             )
-        if self._explicit == (None, None) and _visible_world_size() not in (None, self.world_size):
+        visible = visible_world_size()
+        if self._placement is None and visible not in (None, self.world_size):
             raise RuntimeError(
                 f"this WdsStream was placed for a world of {self.world_size} but the worker "
-                f"sees {_visible_world_size()} processes: build it after "
+                f"sees {visible} processes: build it after "
                 "torch.distributed.init_process_group, or call set_epoch before iterating"
             )
         if epoch == self._state.epoch:
             return self._state
         return EpochState.start(epoch, self.seed, self.manifest.num_samples)
 
+    def _place(self) -> tuple[int, int]:
+        """Rank and world size: the placement given, else detected now."""
+        placement = self._placement or Placement.detect()
+        return placement.rank, placement.world_size
+
     def _in_training_process(self, what: str) -> None:
-        if get_worker_info() is not None:
+        if current_worker() is not None:
             raise RuntimeError(
                 f"WdsStream.{what} inside a DataLoader worker would change that worker's copy "
                 "only: call it in the training process"
@@ -301,10 +292,11 @@ class WdsStream(EpochSource, IterableDataset):
             )
 
 
-def _visible_world_size() -> int | None:
-    """The world size a worker can see for itself (a forked process group, or the env)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None
+def open_by_ranges(manifest: Manifest, index: int) -> ShardReader:
+    """The stream's shard opener: a remote tar read by byte ranges through its index (no
+    copy in the cache), a local one as every reader opens it."""
+    remote = manifest.location.remote
+    if remote is None:
+        return open_local_shard(manifest, index)
+    info = manifest.shards[index]
+    return RangedWdsShard(remote, info.path, info.bytes, manifest.layout)

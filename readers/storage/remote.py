@@ -7,7 +7,7 @@ unknown scheme is an error, never a local folder named after the URL.
 
 What each side does with a remote dataset: the converter writes to a local staging folder
 and uploads each completed shard (``convert.remote``); random-access readers copy each
-shard they open into a local cache (:class:`readers.cache.ShardCache`); ``WdsStream`` reads
+shard they open into a local cache (:class:`readers.storage.cache.ShardCache`); ``WdsStream`` reads
 byte ranges of the tars, never whole shards.
 
 Faults are translated here, once: every call :class:`RemoteFolder` makes into fsspec turns

@@ -24,7 +24,7 @@ from typing import IO
 
 import fsspec
 
-from readers.storage import RemoteFolder
+from readers.storage.remote import RemoteFolder
 
 __all__ = ["S3Server", "free_port", "local_s3_server"]
 

@@ -1,7 +1,7 @@
 """Crops the readers do while decoding (``crop=``), instead of per-sample ``transform=`` s.
 
 A crop object only decides *which box* of each upright image becomes the output and
-whether it is mirrored; :mod:`readers.fused` decodes and resizes into the batch. Boxes are
+whether it is mirrored; :mod:`readers.images.fused` decodes and resizes into the batch. Boxes are
 drawn for a whole batch at once (NumPy, no per-sample Python), and random draws are a
 pure function of ``(seed, epoch, sample index)``: the same crops whatever the number of
 workers, threads or ranks, new ones every epoch (``set_epoch``, which

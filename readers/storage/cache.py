@@ -28,7 +28,7 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from readers import spec
-from readers.storage import RemoteFolder
+from readers.storage.remote import RemoteFolder
 
 __all__ = ["DEFAULT_CACHE_LIMIT", "ShardCache", "parse_size"]
 

@@ -17,14 +17,14 @@ import numpy as np
 import torch
 
 from readers import spec
-from readers.base import ImageDataset
-from readers.checks import SampleCrcs, raw_pixels
+from readers.formats.checks import SampleCrcs, raw_pixels
+from readers.formats.reader import ShardReader
 from readers.spec import DatasetError, Layout, StorageKind
 
-__all__ = ["Hdf5Dataset"]
+__all__ = ["Hdf5Shard"]
 
 
-class Hdf5Shard:
+class Hdf5Shard(ShardReader):
     """An open HDF5 file of imgpack samples."""
 
     def __init__(self, path: str, layout: Layout) -> None:
@@ -98,12 +98,3 @@ class Hdf5Shard:
 
     def path(self, i: int) -> str:
         return self._paths[i]
-
-
-class Hdf5Dataset(ImageDataset):
-    """Map-style dataset over HDF5 files (see the module docstring for the layout)."""
-
-    format = "hdf5"
-
-    def open_shard(self, index: int) -> Hdf5Shard:
-        return Hdf5Shard(str(self.manifest.shard_path(index)), self.manifest.layout)

@@ -1,9 +1,10 @@
-"""The map-style Dataset shared by every format, and the per-process handle cache.
+"""The map-style datasets: :class:`ImageDataset`, one named class per format, and
+:func:`open_dataset`, which picks one by the manifest at a path.
 
-A format module supplies a :class:`ShardReader` and an ``ImageDataset`` subclass whose
-``open_shard(index)`` opens one; this module maps global indices to shards, opens shards
-lazily in each process, decodes, and serves whole batches through ``__getitems__`` (which
-``DataLoader`` calls with a batch's indices).
+``ImageDataset`` maps global indices to shards, opens each shard lazily in each process
+through the format's reader (:data:`readers.formats.SHARD_READERS`), decodes on the decode
+threads, and serves whole batches through ``__getitems__`` (which ``DataLoader`` calls
+with a batch's indices) and :meth:`ImageDataset.read_stored`.
 """
 
 from __future__ import annotations
@@ -12,26 +13,36 @@ import operator
 import os
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from itertools import accumulate
-from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from itertools import accumulate, groupby
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.random  # see below
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 from readers.batch import SampleBatch, copy_image, new_batch
-from readers.cache import ShardCache
-from readers.crop import Crop
-from readers.decode import decode_image
-from readers.fused import crop_batch
+from readers.epochs.placement import default_decode_threads
+from readers.formats import SHARD_READERS, ShardReader
+from readers.images.crop import Crop
+from readers.images.decode import decode_image
+from readers.images.fused import crop_batch
+from readers.images.pool import DecodePool
 from readers.manifest import Manifest, load_manifest
 from readers.spec import DatasetError, StorageKind
-from readers.storage import RemoteFolder
+from readers.storage.location import Location
 
-__all__ = ["ImageDataset", "ShardReader"]
+__all__ = [
+    "DATASETS",
+    "Hdf5Dataset",
+    "ImageDataset",
+    "LmdbDataset",
+    "PtDataset",
+    "ShardOpener",
+    "WdsDataset",
+    "open_dataset",
+    "open_local_shard",
+]
 
 # numpy.random is imported here, in the training process, because every DataLoader worker
 # calls np.random.seed first thing: under NumPy 2 that attribute is a lazy import, and an
@@ -39,58 +50,25 @@ __all__ = ["ImageDataset", "ShardReader"]
 # import-lock KeyError (python/cpython#87712), seen here as "worker exited unexpectedly".
 
 Transform = Callable[[torch.Tensor], Any]
+ShardOpener = Callable[[Manifest, int], ShardReader]
+"""Opens shard ``k`` of a dataset: ``opener(manifest, k)``. Picklable (a module-level
+function or a ``functools.partial`` of one): DataLoader workers open their own shards."""
 
 
-class ShardReader(Protocol):
-    """One open shard, as a format module returns it."""
-
-    labels: np.ndarray  # int64 [n]
-
-    def read(self, i: int) -> bytes | memoryview | np.ndarray:
-        """Stored value of local sample ``i``: encoded bytes or uint8 HWC pixels."""
-
-    def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
-        """Copy raw fixed-shape samples ``idx`` into ``out`` ([k, H, W, 3] uint8)."""
-
-    def path(self, i: int) -> str:
-        """Source path of local sample ``i``, relative to the converted folder."""
-
-
-def _one_intra_op_thread() -> None:
-    """Torch ops on a decode thread (a crop's resize) run on that thread alone: with its
-    own intra-op team under each decode thread they oversubscribed the cores, and a resize
-    took 2-10x longer. OpenMP keeps the setting per thread; torch also makes it the default
-    of threads started later, which ``_map`` puts back."""
-    torch.get_num_threads()  # first use on this thread: take the process default now
-    torch.set_num_threads(1)
-
-
-def _default_decode_threads() -> int:
-    if get_worker_info() is not None:
-        return 1  # DataLoader workers already use the cores
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def _check_size(path: Path, index: int, expected: int) -> None:
-    """Checked before opening: a format library may mmap the file and die of SIGBUS on a
-    page past a cut (LMDB does), or read the wrong bytes from a resized file."""
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: shard {index} listed in the manifest is missing") from None
-    if size != expected:
-        raise DatasetError(
-            f"{path}: shard {index} is {size} bytes but the manifest says {expected}: "
-            "truncated or modified since the conversion (run imgpack verify)"
-        )
+def open_local_shard(manifest: Manifest, index: int) -> ShardReader:
+    """The default :data:`ShardOpener`: the shard's local file (for a URL, its copy in the
+    cache), its size checked, opened by the format's reader."""
+    path = manifest.location.shard_file(manifest.shards[index], index)
+    return SHARD_READERS[manifest.format](str(path), manifest.layout)
 
 
 class ImageDataset(Dataset):
     """Map-style dataset over an imgpack folder of one format; subclasses set ``format``.
 
     Args:
-        root: the dataset folder (the one holding ``imgpack.json``), or its URL
-            (``s3://bucket/prefix``, anything fsspec reaches; see ``docs/FORMATS.md``).
+        root: the dataset folder (the one holding ``imgpack.json``), its URL
+            (``s3://bucket/prefix``, anything fsspec reaches; see ``docs/FORMATS.md``), or
+            its :class:`Manifest` already loaded (:func:`readers.load_manifest`).
         transform: applied to each ``[3, H, W]`` uint8 image tensor.
         decode_threads: threads decoding one batch in ``__getitems__``; default all usable
             CPUs in the main process and 1 inside a DataLoader worker.
@@ -104,23 +82,25 @@ class ImageDataset(Dataset):
             Call :meth:`set_epoch` each epoch for new random crops.
         storage_options: for a URL, passed to fsspec (credentials, ``endpoint_url``...).
         cache_dir, cache_limit: where a remote dataset's shards are copied when first
-            opened, and the size that folder is kept under (:mod:`readers.cache`;
+            opened, and the size that folder is kept under (:mod:`readers.storage.cache`;
             defaults ``$IMGPACK_CACHE_DIR`` or ``~/.cache/imgpack``, 50 GiB).
+        opener: how a shard is opened (:data:`ShardOpener`); default
+            :func:`open_local_shard`. ``WdsStream`` reads remote tars by byte ranges
+            through its own.
 
     Images are ``torch.uint8`` ``[3, H, W]`` RGB views of HWC storage (channels-last
     memory); labels are ``int`` class indices as torchvision's ``ImageFolder`` gives them.
     Nothing is opened until first use in each process, and nothing open is pickled.
     Every path (``ds[i]``, ``__getitems__``, ``crop=``, ``decode=False``) checks each
-    sample as :mod:`readers.checks` says, and fails alike: a ``DatasetError`` naming
+    sample as :mod:`readers.formats.checks` says, and fails alike: a ``DatasetError`` naming
     ``shard[index]``.
     """
 
-    format: ClassVar[str]
-    byte_ranges: bool = False  # a remote dataset read by byte ranges, not cached shards
+    format: ClassVar[str | None] = None  # a named class reads that format only
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | Manifest,
         transform: Transform | None = None,
         decode_threads: int | None = None,
         decode: bool = True,
@@ -129,32 +109,35 @@ class ImageDataset(Dataset):
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        opener: ShardOpener = open_local_shard,
     ) -> None:
         if (transform is not None or crop is not None) and not decode:
             raise ValueError("transform= and crop= need decoded images: keep decode=True")
-        self.manifest: Manifest = load_manifest(
-            root, self.format, storage_options=storage_options, cache_dir=cache_dir
-        )
-        url = self.manifest.url
-        self._remote = RemoteFolder(url, storage_options) if url is not None else None
-        self._cache = ShardCache(cache_dir, cache_limit)
+        if isinstance(root, Manifest):
+            manifest = root
+            if self.format is not None and manifest.format != self.format:
+                raise DatasetError(
+                    f"{manifest.location}: dataset is {manifest.format!r}, not "
+                    f"{self.format!r}: use readers.open_dataset"
+                )
+        else:
+            location = Location.of(
+                root, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
+            )
+            manifest = load_manifest(location, self.format)
+        self.manifest: Manifest = manifest
         self.decode = decode
-        self.root = self.manifest.root
+        self.root = manifest.root
         self.transform = transform
         self.crop = crop
         self.decode_threads = decode_threads
-        self._ends = list(accumulate(s.samples for s in self.manifest.shards))
+        self.opener = opener
+        self._ends = list(accumulate(s.samples for s in manifest.shards))
         self._pid: int | None = None
         self._shards: dict[int, ShardReader] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_threads = 0
+        self._pool = DecodePool()
         self._targets: list[int] | None = None
         self._samples: list[tuple[str, int]] | None = None
-
-    # --- what a subclass provides -------------------------------------------------------
-    def open_shard(self, index: int) -> ShardReader:
-        """Open shard ``index`` of this dataset (called once per shard per process)."""
-        raise NotImplementedError
 
     # --- public API ---------------------------------------------------------------------
     @property
@@ -169,20 +152,19 @@ class ImageDataset(Dataset):
         return self._ends[-1] if self._ends else 0
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        shard, local = self._locate(index)
-        return self._load(shard, local), int(self._shard(shard).labels[local])
+        return self.serve(self.stored(index), index)
 
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
         """Fetch a whole batch into one tensor: a gather for raw pixels of one shape, a
         threaded decode otherwise. Images of differing shapes come back as a list."""
-        located = [self._locate(i) for i in indices]
-        labels = torch.tensor([int(self._shard(s).labels[k]) for s, k in located])
+        located = [self.locate(i) for i in indices]
+        labels = torch.tensor([int(self.shard(s).labels[k]) for s, k in located])
         if not located:
             return SampleBatch([], labels)
         if self.crop is not None and self.transform is None:
             batch = new_batch((len(located), 3, *self.crop.size), torch.uint8)
             rows = batch.permute(0, 2, 3, 1)
-            self._crop_into(self.crop, located, [self._shard(s).read(k) for s, k in located], rows)
+            self._crop_into(self.crop, located, [self.shard(s).read(k) for s, k in located], rows)
             return SampleBatch(batch, labels)
         layout = self.manifest.layout
         if layout.kind is StorageKind.FIXED_PIXELS and layout.shape and self.transform is None:
@@ -201,20 +183,40 @@ class ImageDataset(Dataset):
     def stored(self, index: int) -> bytes | memoryview | np.ndarray:
         """Sample ``index`` as stored, without decoding: the encoded bytes (a memoryview of
         mmap'd pages for ``pt``) or, for ``raw``, the uint8 ``[H, W, 3]`` pixel array."""
-        shard, local = self._locate(index)
-        return self._shard(shard).read(local)
+        shard, local = self.locate(index)
+        return self.shard(shard).read(local)
+
+    def read_stored(self, indices: Sequence[int]) -> list[bytes | memoryview | np.ndarray]:
+        """Samples ``indices`` as :meth:`stored` gives each, in that order, read shard by
+        shard in ascending order: one round of merged range requests per shard for a
+        remote ``wds`` dataset read by byte ranges (what :class:`readers.WdsStream` does)."""
+        located = [self.locate(i) for i in indices]
+        order = sorted(range(len(located)), key=located.__getitem__)
+        values: list[Any] = [None] * len(located)
+        for shard, rows in groupby(order, key=lambda row: located[row][0]):
+            rows = list(rows)
+            read = self.shard(shard).read_many([located[row][1] for row in rows])
+            for row, value in zip(rows, read, strict=True):
+                values[row] = value
+        return values
+
+    def serve(self, value: Any, index: int) -> tuple[Any, int]:
+        """``ds[index]`` from its stored value (from :meth:`read_stored`): the image
+        decoded, cropped and transformed as this dataset serves it, and the label."""
+        shard, local = self.locate(index)
+        return self._decode(value, shard, local), int(self.shard(shard).labels[local])
 
     def source_path(self, index: int) -> str:
         """The sample's file path relative to the folder it was converted from."""
-        shard, local = self._locate(index)
-        return self._shard(shard).path(local)
+        shard, local = self.locate(index)
+        return self.shard(shard).path(local)
 
     @property
     def targets(self) -> list[int]:
         """All labels in index order, a list like ``ImageFolder.targets`` (read once)."""
         if self._targets is None:
             self._targets = [
-                int(x) for k in range(len(self.manifest.shards)) for x in self._shard(k).labels
+                int(x) for k in range(len(self.manifest.shards)) for x in self.shard(k).labels
             ]
         return self._targets
 
@@ -231,8 +233,7 @@ class ImageDataset(Dataset):
         """:attr:`samples`, under the alias ``ImageFolder`` also gives it."""
         return self.samples
 
-    # --- internals ----------------------------------------------------------------------
-    def _locate(self, index: Any) -> tuple[int, int]:
+    def locate(self, index: Any) -> tuple[int, int]:
         """Shard and local index of ``index``: an int, a NumPy integer, or a 0-d integer
         tensor or array (what ``Subset`` over a tensor of indices passes)."""
         dtype = getattr(index, "dtype", None)
@@ -257,36 +258,27 @@ class ImageDataset(Dataset):
     def cache_shard(self, index: int) -> None:
         """Copy shard ``index`` of a remote dataset (and its sidecars) into the local cache,
         as its first read does (a no-op for a local dataset): to prefetch, or to check."""
-        if self._remote is None:
-            return
-        info = self.manifest.shards[index]
-        names = {info.path: info.sha256, **{info.path + s: h for s, h in info.sidecars.items()}}
-        try:
-            self._cache.fetch(self._remote, names, {info.path: info.bytes})
-        except FileNotFoundError:
-            raise DatasetError(
-                f"{self.manifest.url}/{info.path}: shard {index} listed in the manifest is missing"
-            ) from None
+        self.manifest.location.fetch(self.manifest.shards[index], index)
 
-    def _shard(self, index: int) -> ShardReader:
+    def shard(self, index: int) -> ShardReader:
+        """Shard ``index``, opened through :attr:`opener` on first use in this process
+        (never shared across a fork) and checked to hold the manifest's sample count."""
         pid = os.getpid()
         if self._pid != pid:  # first use, or a fork since: never share handles
-            self._shards, self._pool, self._pool_threads, self._pid = {}, None, 0, pid
+            self._shards, self._pid = {}, pid
         reader = self._shards.get(index)
         if reader is None:
             expected = self.manifest.shards[index]
-            if self._remote is None or not self.byte_ranges:
-                self.cache_shard(index)
-                _check_size(self.manifest.shard_path(index), index, expected.bytes)
-            reader = self.open_shard(index)
+            reader = self.opener(self.manifest, index)
             if len(reader.labels) != expected.samples:
                 raise DatasetError(
-                    f"{self.manifest.location}/{expected.path}: shard {index} holds "
+                    f"{self.manifest.location.where(expected.path)}: shard {index} holds "
                     f"{len(reader.labels)} samples but the manifest says {expected.samples}"
                 )
             self._shards[index] = reader
         return reader
 
+    # --- internals ----------------------------------------------------------------------
     def _load_batch(self, located: list[tuple[int, int]]) -> torch.Tensor | list[Any]:
         """Decode and transform in threads, each copying its image into the batch."""
         first = self._load(*located[0])
@@ -308,7 +300,7 @@ class ImageDataset(Dataset):
         return [first, *(batch[i + 1] if m is None else m for i, m in enumerate(misfits))]
 
     def _load(self, shard: int, local: int) -> Any:
-        return self._decode(self._shard(shard).read(local), shard, local)
+        return self._decode(self.shard(shard).read(local), shard, local)
 
     def _decode(self, value: Any, shard: int, local: int) -> Any:
         """A stored value of local sample ``local`` of ``shard`` as the image it serves."""
@@ -324,7 +316,7 @@ class ImageDataset(Dataset):
         self, crop: Crop, located: list[tuple[int, int]], values: list[Any], rows: torch.Tensor
     ) -> None:
         """Decode, crop and resize each sample into its HWC row of ``rows``, on the decode
-        threads (see :mod:`readers.fused`)."""
+        threads (see :mod:`readers.images.fused`)."""
         crop_batch(
             values,
             np.array([(self._ends[s - 1] if s else 0) + k for s, k in located]),
@@ -353,34 +345,18 @@ class ImageDataset(Dataset):
         shards = {shard for shard, _ in located}
         if len(shards) == 1:
             local = np.fromiter((k for _, k in located), np.int64, len(located))
-            self._shard(shards.pop()).read_pixels(local, out)
+            self.shard(shards.pop()).read_pixels(local, out)
             return
         for row, (shard, k) in enumerate(located):
-            self._shard(shard).read_pixels(np.array([k]), out[row : row + 1])
+            self.shard(shard).read_pixels(np.array([k]), out[row : row + 1])
 
     def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-        """``[fn(x) for x in items]`` on the decode threads, one interleaved slice each (a
-        task per sample costs measurably more in futures and wake-ups)."""
-        threads = self.decode_threads or _default_decode_threads()
-        if threads <= 1 or len(items) < 2:
-            return [fn(x) for x in items]
-        default = torch.get_num_threads()  # what threads started later default to
-        if self._pool is None or self._pool_threads != threads:
-            self._pool = ThreadPoolExecutor(
-                threads, thread_name_prefix="imgpack-decode", initializer=_one_intra_op_thread
-            )
-            self._pool_threads = threads
-        step = min(threads, len(items))
-        slices = [items[k::step] for k in range(step)]
-        results: list[Any] = [None] * len(items)
-        for k, part in enumerate(self._pool.map(lambda xs: [fn(x) for x in xs], slices)):
-            results[k::step] = part
-        torch.set_num_threads(default)  # a new decode thread made its own the default
-        return results
+        """``[fn(x) for x in items]`` on the decode threads."""
+        return self._pool.map(fn, items, self.decode_threads or default_decode_threads())
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()  # handles and threads never cross processes
-        state.update(_pid=None, _shards={}, _pool=None, _pool_threads=0)  # labels stay
+        state.update(_pid=None, _shards={})  # labels stay; the pool pickles as none
         return state
 
     def __repr__(self) -> str:
@@ -389,3 +365,62 @@ class ImageDataset(Dataset):
             f"{type(self).__name__}({m.url or str(self.root)!r}, samples={len(self)}, "
             f"encoding={m.encoding!r}, classes={len(m.classes)}, shards={len(m.shards)})"
         )
+
+
+class PtDataset(ImageDataset):
+    """Map-style dataset over ``.pt`` shards (layout: :mod:`readers.formats.pt`)."""
+
+    format = "pt"
+
+
+class Hdf5Dataset(ImageDataset):
+    """Map-style dataset over HDF5 files (layout: :mod:`readers.formats.hdf5`)."""
+
+    format = "hdf5"
+
+
+class LmdbDataset(ImageDataset):
+    """Map-style dataset over LMDB files (layout: :mod:`readers.formats.lmdb`)."""
+
+    format = "lmdb"
+
+
+class WdsDataset(ImageDataset):
+    """Map-style, random-access dataset over WebDataset tars, through their indexes
+    (layout: :mod:`readers.formats.wds`)."""
+
+    format = "wds"
+
+
+DATASETS: dict[str, type[ImageDataset]] = {
+    cls.format: cls for cls in (PtDataset, Hdf5Dataset, LmdbDataset, WdsDataset) if cls.format
+}
+
+
+def open_dataset(
+    root: str | os.PathLike[str] | Manifest,
+    transform: Transform | None = None,
+    decode_threads: int | None = None,
+    decode: bool = True,
+    crop: Crop | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    opener: ShardOpener = open_local_shard,
+) -> ImageDataset:
+    """Open the imgpack dataset at ``root`` with the map-style reader its manifest names
+    (the manifest is read once). The arguments are :class:`ImageDataset`'s.
+
+    For streaming reads of ``wds`` tars use :class:`readers.WdsStream`, or
+    :func:`readers.make_loader` with ``stream=True``.
+    """
+    manifest = root
+    if not isinstance(manifest, Manifest):
+        location = Location.of(
+            root, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
+        )
+        manifest = load_manifest(location)
+    return DATASETS[manifest.format](
+        manifest, transform, decode_threads, decode, crop, opener=opener
+    )

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from readers.decode import decode_image, is_jpeg
+from readers.images.decode import decode_image, is_jpeg
 
 __all__ = ["DevicePrefetcher"]
 

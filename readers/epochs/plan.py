@@ -25,14 +25,13 @@ Because every rank yields the same number of batches, any rank can tell which po
 every rank has consumed after ``k`` batches (the first ``k`` batches of every slice); a
 resumed run, with any world size, splits the rest the same way, and on the same world size
 continues exactly as the uninterrupted run would have. Nothing here touches the data:
-resuming costs O(ranks) range arithmetic (:mod:`readers.ranges`) and one permutation of
+resuming costs O(ranks) range arithmetic (:mod:`readers.epochs.ranges`) and one permutation of
 the epoch's order.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import pairwise
@@ -40,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from readers.ranges import Ranges, merge_adjacent, positions, subtract, take, total, wrapped
+from readers.epochs.ranges import Ranges, merge_adjacent, positions, subtract, take, total, wrapped
 
 __all__ = [
     "BlockOrder",
@@ -51,7 +50,6 @@ __all__ = [
     "epoch_permutation",
     "positions",
     "require_full_batches",
-    "resolve_rank",
     "subset_digest",
     "subtract",
     "take",
@@ -60,29 +58,6 @@ __all__ = [
 ]
 
 STATE_VERSION = 1
-
-
-def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """``(rank, world_size)`` of this training process: explicit arguments first, then an
-    initialised ``torch.distributed`` group, then ``RANK``/``WORLD_SIZE``, else ``(0, 1)``.
-
-    Call it in the training process, never inside a DataLoader worker: a worker started
-    with ``spawn`` has neither the process group nor (under ``mp.spawn``) the variables.
-    """
-    if (rank is None) != (world_size is None):
-        raise ValueError("pass both rank= and world_size=, or neither")
-    if rank is None:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            rank, world_size = dist.get_rank(), dist.get_world_size()
-        elif "WORLD_SIZE" in os.environ:
-            rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
-        else:
-            rank, world_size = 0, 1
-    if world_size is None or world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in a world of size {world_size}")
-    return rank, world_size
 
 
 def require_full_batches(num_samples: int, world_size: int, batch_size: int) -> None:

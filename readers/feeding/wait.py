@@ -6,7 +6,7 @@
 >>> print(meter.report())
 waited for data 3.1 % of 41.2 s (p50 0.2 ms, p99 9.8 ms per batch; 24.3 batches/s): ...
 
-One rule says whether loading is the bottleneck, here and in :mod:`readers.tune`: the
+One rule says whether loading is the bottleneck, here and in :mod:`readers.feeding.tune`: the
 measured wait, at most ``WAIT_SHARE`` (5 %) of the time the loop spent on its own work.
 """
 

@@ -9,7 +9,7 @@ batch (``step_ms``), the mean time the training loop waits for each batch while 
 runs after it. The verdict is that measured wait, not the rate: without workers loading
 does not overlap compute, so a loader 3.8x as fast as the model still leaves it waiting a
 quarter of every step. A setting keeps up when the wait is at most
-:data:`readers.measure.WAIT_SHARE` (5 %) of the step (:func:`readers.measure.keeps_up`,
+:data:`readers.feeding.wait.WAIT_SHARE` (5 %) of the step (:func:`readers.feeding.wait.keeps_up`,
 the stall meter's rule too); the sweep stops at the cheapest that does.
 """
 
@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from readers.base import ImageDataset
 from readers.batch import collate_any
-from readers.crop import Crop
-from readers.loader import make_loader
+from readers.dataset import ImageDataset
+from readers.epochs.loader import make_loader
+from readers.feeding.wait import WAIT_SHARE, keeps_up
+from readers.images.crop import Crop
 from readers.manifest import load_manifest
-from readers.measure import WAIT_SHARE, keeps_up
 
 __all__ = [
     "Setting",
@@ -204,7 +204,7 @@ def sweep(
 ) -> list[Trial]:
     """Measure ``settings`` (default: :func:`candidate_settings`) in order, page cache
     warmed first; with ``step_ms``, stop at the first that keeps up
-    (:func:`readers.measure.keeps_up`)."""
+    (:func:`readers.feeding.wait.keeps_up`)."""
     warm_page_cache(source)
     trials = []
     for setting in settings or candidate_settings():
@@ -218,7 +218,7 @@ def sweep(
 
 def recommend(trials: list[Trial], step_ms: float | None = None) -> Trial:
     """With ``step_ms``: the first (cheapest) trial that keeps up
-    (:func:`readers.measure.keeps_up`), else the cheapest whose wait is within
+    (:func:`readers.feeding.wait.keeps_up`), else the cheapest whose wait is within
     ``WAIT_SHARE`` of a step of the least wait. Without: the cheapest whose rate is within
     ``SAME`` of the fastest."""
     waited = [(t.wait_ms, t) for t in trials if t.wait_ms is not None]

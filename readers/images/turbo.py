@@ -21,7 +21,7 @@ from functools import cache
 
 import numpy as np
 
-from readers.decode import TJFLAG_STOPONWARNING, decoder_name
+from readers.images.decode import TJFLAG_STOPONWARNING, decoder_name
 
 __all__ = ["TurboDecoder", "turbo_decoder"]
 

@@ -8,7 +8,7 @@ is the stored bytes (encoded image, or raw HWC pixels); metadata keys ``__labels
 read), ``__paths__`` (JSON list; ASCII with ``\\u`` escapes, so that a name that is not valid UTF-8
 keeps its bytes as surrogate escapes). Opened read-only without locking once per process;
 the labels (and shapes) are NumPy arrays, the paths are read on first use into a
-:class:`readers.paths.PathTable`.
+:class:`readers.formats.paths.PathTable`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from readers import spec
-from readers.base import ImageDataset
-from readers.checks import SampleCrcs, raw_pixels
-from readers.paths import PathTable
+from readers.formats.checks import SampleCrcs, raw_pixels
+from readers.formats.paths import PathTable
+from readers.formats.reader import ShardReader
 from readers.spec import DatasetError, Layout, StorageKind
 
-__all__ = ["LmdbDataset"]
+__all__ = ["LmdbShard"]
 
 
 # LMDB allows one open environment per file and process: datasets on the same file share
@@ -61,7 +61,7 @@ def _environment(path: str) -> lmdb.Environment:
     return env
 
 
-class LmdbShard:
+class LmdbShard(ShardReader):
     """A read-only LMDB environment of imgpack samples."""
 
     def __init__(self, path: str, layout: Layout) -> None:
@@ -116,12 +116,3 @@ class LmdbShard:
             except (ValueError, AttributeError) as e:  # not JSON, UTF-8, or a list of str
                 raise DatasetError(f"{self._path}: invalid {spec.LMDB_PATHS.decode()}: {e}") from e
         return self._paths[i]
-
-
-class LmdbDataset(ImageDataset):
-    """Map-style dataset over LMDB files (see the module docstring for the layout)."""
-
-    format = "lmdb"
-
-    def open_shard(self, index: int) -> LmdbShard:
-        return LmdbShard(str(self.manifest.shard_path(index)), self.manifest.layout)

@@ -16,14 +16,14 @@ import numpy as np
 import torch
 
 from readers import spec
-from readers.base import ImageDataset
-from readers.checks import SampleCrcs, raw_pixels
+from readers.formats.checks import SampleCrcs, raw_pixels
+from readers.formats.reader import ShardReader
 from readers.spec import DatasetError, Layout, StorageKind
 
-__all__ = ["PtDataset"]
+__all__ = ["PtShard"]
 
 
-class PtShard:
+class PtShard(ShardReader):
     """An mmap'd ``.pt`` shard."""
 
     def __init__(self, path: str, layout: Layout) -> None:
@@ -71,12 +71,3 @@ class PtShard:
         offsets = self._get(spec.PT_PATH_OFFSETS)
         data = self._get(spec.PT_PATHS)
         return bytes(data[offsets[i] : offsets[i + 1]].numpy()).decode("utf-8", "surrogateescape")
-
-
-class PtDataset(ImageDataset):
-    """Map-style dataset over ``.pt`` shards (see the module docstring for the layout)."""
-
-    format = "pt"
-
-    def open_shard(self, index: int) -> PtShard:
-        return PtShard(str(self.manifest.shard_path(index)), self.manifest.layout)

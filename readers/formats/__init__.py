@@ -1,0 +1,28 @@
+"""One shard reader per format, by format id: the read side of each format's contract.
+
+Each module documents its format's layout on disk (the names are :mod:`readers.spec`'s)
+and defines one :class:`ShardReader`, built as ``reader(path, layout)`` from a local
+file; ``wds`` also reads remote tars by byte ranges (:class:`RangedWdsShard`). Nothing
+here knows about datasets, epochs or ``torch.utils.data``: :mod:`readers.dataset` opens
+shards through :data:`SHARD_READERS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from readers.formats.hdf5 import Hdf5Shard
+from readers.formats.lmdb import LmdbShard
+from readers.formats.pt import PtShard
+from readers.formats.reader import ShardReader
+from readers.formats.wds import RangedWdsShard, WdsShard
+from readers.spec import Layout
+
+__all__ = ["SHARD_READERS", "RangedWdsShard", "ShardReader"]
+
+SHARD_READERS: dict[str, Callable[[str, Layout], ShardReader]] = {
+    "pt": PtShard,
+    "hdf5": Hdf5Shard,
+    "lmdb": LmdbShard,
+    "wds": WdsShard,
+}

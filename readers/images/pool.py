@@ -1,0 +1,57 @@
+"""The decode threads of one reading process: a batch's samples decoded side by side.
+
+Decoders release the GIL (libjpeg-turbo through ctypes, PyTurboJPEG, Pillow's decode, torch's
+resize), so threads scale a batch's decode over the cores without a process per core.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+__all__ = ["DecodePool"]
+
+
+def _one_intra_op_thread() -> None:
+    """Torch ops on a decode thread (a crop's resize) run on that thread alone: with its
+    own intra-op team under each decode thread they oversubscribed the cores, and a resize
+    took 2-10x longer. OpenMP keeps the setting per thread; torch also makes it the default
+    of threads started later, which :meth:`DecodePool.map` puts back."""
+    torch.get_num_threads()  # first use on this thread: take the process default now
+    torch.set_num_threads(1)
+
+
+class DecodePool:
+    """Threads started on first use in each process (never shared across a fork), and
+    dropped when pickled: a dataset carries one into its DataLoader workers as nothing."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._threads = 0
+        self._pid: int | None = None
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], threads: int) -> list[Any]:
+        """``[fn(x) for x in items]`` on ``threads`` threads, one interleaved slice each (a
+        task per sample costs measurably more in futures and wake-ups)."""
+        if threads <= 1 or len(items) < 2:
+            return [fn(x) for x in items]
+        default = torch.get_num_threads()  # what threads started later default to
+        if self._pool is None or self._threads != threads or self._pid != os.getpid():
+            self._pool = ThreadPoolExecutor(
+                threads, thread_name_prefix="imgpack-decode", initializer=_one_intra_op_thread
+            )
+            self._threads, self._pid = threads, os.getpid()
+        step = min(threads, len(items))
+        slices = [items[k::step] for k in range(step)]
+        results: list[Any] = [None] * len(items)
+        for k, part in enumerate(self._pool.map(lambda xs: [fn(x) for x in xs], slices)):
+            results[k::step] = part
+        torch.set_num_threads(default)  # a new decode thread made its own the default
+        return results
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_pool": None, "_threads": 0, "_pid": None}
