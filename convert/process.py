@@ -30,9 +30,9 @@ from readers.images.decode import (
     decode_image,
     decode_stored,
     encode_jpeg,
-    is_jpeg,
     orient,
 )
+from readers.images.jpeg import is_jpeg
 
 __all__ = [
     "DCT_REDUCING_GAP",

@@ -4,7 +4,7 @@ batch, written in place by the decode threads (in shared memory inside a worker)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -13,7 +13,7 @@ from torch.utils.data import default_collate
 
 from readers.epochs.placement import current_worker
 
-__all__ = ["SampleBatch", "collate", "collate_any", "copy_image", "new_batch"]
+__all__ = ["SampleBatch", "collate", "collate_any", "copy_image", "new_batch", "stack_images"]
 
 
 class SampleBatch(Sequence):
@@ -79,6 +79,31 @@ def new_batch(
     else:
         batch = torch.empty(storage_shape, dtype=dtype)
     return batch.permute(0, 3, 1, 2) if channels_last else batch
+
+
+def stack_images(
+    load: Callable[[int], Any], count: int, map_rows: Callable[[Callable, Sequence], list]
+) -> torch.Tensor | list[Any]:
+    """Images ``load(0) .. load(count - 1)`` as one batch tensor, each copied into its row
+    by the thread that loaded it (``map_rows``: the decode threads' map); a list when they
+    are not tensors of one shape."""
+    first = load(0)
+    if not isinstance(first, torch.Tensor) or count == 1:
+        return [first, *map_rows(load, range(1, count))]
+    batch = new_batch((count, *first.shape), first.dtype, like=first)
+    copy_image(batch[0], first)
+
+    def fill(row: int) -> Any:
+        image = load(row)
+        if not isinstance(image, torch.Tensor) or image.shape != first.shape:
+            return image
+        copy_image(batch[row], image)
+        return None
+
+    misfits = map_rows(fill, range(1, count))
+    if all(m is None for m in misfits):
+        return batch
+    return [first, *(batch[i + 1] if m is None else m for i, m in enumerate(misfits))]
 
 
 def copy_image(dst: torch.Tensor, src: torch.Tensor) -> None:

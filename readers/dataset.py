@@ -21,9 +21,9 @@ import numpy.random  # see below
 import torch
 from torch.utils.data import Dataset
 
-from readers.batch import SampleBatch, copy_image, new_batch
+from readers.batch import SampleBatch, new_batch, stack_images
 from readers.epochs.placement import default_decode_threads
-from readers.formats import SHARD_READERS, ShardReader
+from readers.formats import ShardOpener, ShardReader, open_local_shard
 from readers.images.crop import Crop
 from readers.images.decode import decode_image
 from readers.images.fused import crop_batch
@@ -38,10 +38,8 @@ __all__ = [
     "ImageDataset",
     "LmdbDataset",
     "PtDataset",
-    "ShardOpener",
     "WdsDataset",
     "open_dataset",
-    "open_local_shard",
 ]
 
 # numpy.random is imported here, in the training process, because every DataLoader worker
@@ -50,16 +48,6 @@ __all__ = [
 # import-lock KeyError (python/cpython#87712), seen here as "worker exited unexpectedly".
 
 Transform = Callable[[torch.Tensor], Any]
-ShardOpener = Callable[[Manifest, int], ShardReader]
-"""Opens shard ``k`` of a dataset: ``opener(manifest, k)``. Picklable (a module-level
-function or a ``functools.partial`` of one): DataLoader workers open their own shards."""
-
-
-def open_local_shard(manifest: Manifest, index: int) -> ShardReader:
-    """The default :data:`ShardOpener`: the shard's local file (for a URL, its copy in the
-    cache), its size checked, opened by the format's reader."""
-    path = manifest.location.shard_file(manifest.shards[index], index)
-    return SHARD_READERS[manifest.format](str(path), manifest.layout)
 
 
 class ImageDataset(Dataset):
@@ -84,8 +72,8 @@ class ImageDataset(Dataset):
         cache_dir, cache_limit: where a remote dataset's shards are copied when first
             opened, and the size that folder is kept under (:mod:`readers.storage.cache`;
             defaults ``$IMGPACK_CACHE_DIR`` or ``~/.cache/imgpack``, 50 GiB).
-        opener: how a shard is opened (:data:`ShardOpener`); default
-            :func:`open_local_shard`. ``WdsStream`` reads remote tars by byte ranges
+        opener: how a shard is opened (:data:`readers.formats.ShardOpener`); default
+            :func:`readers.formats.open_local_shard`. ``WdsStream`` reads remote tars by byte ranges
             through its own.
 
     Images are ``torch.uint8`` ``[3, H, W]`` RGB views of HWC storage (channels-last
@@ -172,7 +160,8 @@ class ImageDataset(Dataset):
             images = new_batch((len(located), channels, height, width), torch.uint8)
             self._gather_pixels(located, images.permute(0, 2, 3, 1))
             return SampleBatch(images, labels)
-        return SampleBatch(self._load_batch(located), labels)
+        images = stack_images(lambda row: self._load(*located[row]), len(located), self._map)
+        return SampleBatch(images, labels)
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s random crops (``crop=``); :class:`readers.EpochSampler`
@@ -279,26 +268,6 @@ class ImageDataset(Dataset):
         return reader
 
     # --- internals ----------------------------------------------------------------------
-    def _load_batch(self, located: list[tuple[int, int]]) -> torch.Tensor | list[Any]:
-        """Decode and transform in threads, each copying its image into the batch."""
-        first = self._load(*located[0])
-        if not isinstance(first, torch.Tensor) or len(located) == 1:
-            return [first, *self._map(lambda sk: self._load(*sk), located[1:])]
-        batch = new_batch((len(located), *first.shape), first.dtype, like=first)
-        copy_image(batch[0], first)
-
-        def fill(i: int) -> Any:
-            image = self._load(*located[i])
-            if not isinstance(image, torch.Tensor) or image.shape != first.shape:
-                return image
-            copy_image(batch[i], image)
-            return None
-
-        misfits = self._map(fill, range(1, len(located)))
-        if all(m is None for m in misfits):
-            return batch
-        return [first, *(batch[i + 1] if m is None else m for i, m in enumerate(misfits))]
-
     def _load(self, shard: int, local: int) -> Any:
         return self._decode(self.shard(shard).read(local), shard, local)
 

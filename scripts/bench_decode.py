@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_sample_data import load_photo
 
 import readers
-from readers.images.decode import dct_scale
+from readers.images.jpeg import dct_scale
 
 ROOT = Path(__file__).resolve().parent.parent
 MOSAIC = ("hubble", "coffee", "rocket", "astronaut", "chelsea", "china", "flower")

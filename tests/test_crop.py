@@ -23,6 +23,7 @@ from readers.feeding.tune import Setting, sweep
 from readers.formats.wds import read_index
 from readers.images import decode
 from readers.images.fused import dct_factor
+from readers.images.jpeg import jpeg_size
 from readers.images.turbo import turbo_decoder
 from tests.photos import encode, photo_crop
 
@@ -77,7 +78,7 @@ def plain(ds: readers.ImageDataset, crop: readers.images.crop.Crop, index: int) 
 
 def scaled(ds: readers.ImageDataset, crop: readers.images.crop.Crop, index: int) -> bool:
     """Whether the fused path decodes sample ``index`` DCT-scaled."""
-    size = decode.jpeg_size(ds.stored(index))
+    size = jpeg_size(ds.stored(index))
     if size is None:
         return False
     bh, bw = crop.boxes(np.array([size]), np.array([index]))[0, 2:4]

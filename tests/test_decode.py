@@ -26,16 +26,13 @@ from skimage import data as photos
 from readers.images.decode import (
     DECODER_ENV,
     ImageTooLargeError,
-    _exif_orientation,
     _turbojpeg,
-    dct_scale,
     decode_image,
     decode_stored,
     decoder_name,
     encode_jpeg,
-    jpeg_header,
-    jpeg_size,
 )
+from readers.images.jpeg import dct_scale, exif_orientation, jpeg_header, jpeg_size
 from tests.conftest import ROOT, SAMPLE_DATA
 
 PILLOW_DEFAULT_LIMIT = 1024 * 1024 * 1024 // 4 // 3  # PIL.Image.MAX_IMAGE_PIXELS as shipped
@@ -200,8 +197,8 @@ def test_exif_parser_never_raises_on_damaged_exif() -> None:
         flipped[rng.integers(0, len(valid))] = rng.integers(0, 256)
         damaged.append(bytes(flipped))
     for tiff in damaged:
-        assert _exif_orientation(tiff) in {None, *range(9)} or tiff[:2] in (b"II", b"MM")
-    assert _exif_orientation(valid) == 8
+        assert exif_orientation(tiff) in {None, *range(9)} or tiff[:2] in (b"II", b"MM")
+    assert exif_orientation(valid) == 8
 
 
 def test_jpeg_header_parser_never_raises_and_stops_at_sos() -> None:

@@ -19,8 +19,10 @@ import torch
 from torch.utils.data import DataLoader, Subset, random_split
 
 import readers
-from readers.epochs import plan
+from readers.epochs.order import BlockOrder
 from readers.epochs.placement import Placement
+from readers.epochs.ranges import positions, total
+from readers.epochs.state import EpochState, Split
 from tests.dist_rank import digest
 
 pytestmark = [
@@ -78,14 +80,14 @@ def take_batches(loader: Any, k: int) -> list[list[str]]:
 
 
 # --- the plan ---------------------------------------------------------------------------------
-def simulate(split: plan.Split, batches: int, workers: int) -> Counter:
+def simulate(split: Split, batches: int, workers: int) -> Counter:
     """Positions yielded by every rank after ``batches`` batches, the DataLoader's way:
     one batch of each worker in turn (independently of ``Split.consumed``)."""
     batch = split.batch_size
     seen: Counter = Counter()
     for rank in range(split.world_size):
         streams = [
-            plan.positions(split.worker_ranges(rank, k, workers)).tolist() for k in range(workers)
+            positions(split.worker_ranges(rank, k, workers)).tolist() for k in range(workers)
         ]
         for b in range(batches):
             k, i = b % workers, b // workers
@@ -98,9 +100,9 @@ def test_split_gives_every_rank_an_equal_share_and_resumes_exactly_on_any_world_
     for _ in range(2000):
         n, world = rng.randint(1, 50), rng.randint(1, 4)
         batch, workers, drop = rng.randint(1, 6), rng.randint(1, 3), rng.random() < 0.5
-        split = plan.Split(plan.EpochState.start(0, 0, n).remaining, world, drop, batch)
+        split = Split(EpochState.start(0, 0, n).remaining, world, drop, batch)
         everything = simulate(split, split.batches, workers)
-        shares = [plan.total(split.rank_ranges(r)) for r in range(world)]
+        shares = [total(split.rank_ranges(r)) for r in range(world)]
         assert shares == [split.per_rank] * world
         samples = Counter(p % n for p in everything.elements())
         if drop:
@@ -113,11 +115,11 @@ def test_split_gives_every_rank_an_equal_share_and_resumes_exactly_on_any_world_
             assert left == ()
             continue
         # Left: every position not yet read (with drop_last, the dropped ones too).
-        assert set(plan.positions(left)) == set(plan.positions(split.padded)) - set(
+        assert set(positions(left)) == set(positions(split.padded)) - set(
             simulate(split, k, workers)
         )
         # Elastic: another world size continues with what is left, nothing lost.
-        again = plan.Split(left, rng.randint(1, 4), drop, batch)
+        again = Split(left, rng.randint(1, 4), drop, batch)
         rest = simulate(again, again.batches, rng.randint(1, 3))
         if not drop:
             covered = {p % n for p in simulate(split, k, workers)} | {p % n for p in rest}
@@ -126,18 +128,18 @@ def test_split_gives_every_rank_an_equal_share_and_resumes_exactly_on_any_world_
 
 def test_block_order_permutes_within_windows_and_depends_only_on_seed_and_epoch():
     counts = (7, 7, 7, 4)
-    order = plan.BlockOrder(counts, seed=3, epoch=1, window=10)
+    order = BlockOrder(counts, seed=3, epoch=1, window=10)
     chunks = order.chunks(0, 25)
     assert chunks == [(0, 10), (10, 20), (20, 25)]
     got = [i for a, b in chunks for i in order.indices(a, b).tolist()]
     assert sorted(got) == list(range(25)) and got != list(range(25))
-    assert got == [i for a, b in chunks for i in plan.BlockOrder(counts, 3, 1, 10).indices(a, b)]
-    other = plan.BlockOrder(counts, 3, 2, 10)
+    assert got == [i for a, b in chunks for i in BlockOrder(counts, 3, 1, 10).indices(a, b)]
+    other = BlockOrder(counts, 3, 2, 10)
     assert got != [i for a, b in chunks for i in other.indices(a, b).tolist()]
     # A chunk starting mid-window reads the same samples as the whole window did there.
     assert order.indices(13, 17).tolist() == got[13:17]
     # Stored order: chunks end at shard boundaries, indices are positions.
-    stored = plan.BlockOrder(counts, 3, 1, 0)
+    stored = BlockOrder(counts, 3, 1, 0)
     assert stored.chunks(3, 25) == [(3, 7), (7, 14), (14, 21), (21, 25)]
     assert stored.indices(3, 7).tolist() == [3, 4, 5, 6]
 

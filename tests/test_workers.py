@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 import readers
 from readers import spec
-from readers.dataset import open_local_shard
+from readers.formats import open_local_shard
 
 pytestmark = pytest.mark.filterwarnings(
     # only raised on machines with fewer than 2 usable CPUs; not what these tests check

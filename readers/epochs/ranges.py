@@ -1,4 +1,4 @@
-"""Position ranges: the arithmetic the epoch plan (:mod:`readers.epochs.plan`) is written in.
+"""Position ranges: the arithmetic the epoch plan (:mod:`readers.epochs.state`) is written in.
 
 A list of ``[start, stop)`` ranges names positions of an epoch's order, in order; these
 functions cut, subtract and enumerate them without touching the data.

@@ -2,7 +2,7 @@
 
 It does what ``DistributedSampler`` does — one seeded order per epoch, the same on every
 rank, each rank its own equal share — and in addition resumes mid-epoch, with the same or
-another world size, by the rule in :mod:`readers.epochs.plan`; over the whole dataset or a subset
+another world size, by the rule in :mod:`readers.epochs.state`; over the whole dataset or a subset
 of its indices.
 """
 
@@ -14,15 +14,10 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from readers.epochs.order import epoch_permutation
 from readers.epochs.placement import Placement
-from readers.epochs.plan import (
-    EpochSource,
-    epoch_permutation,
-    positions,
-    require_full_batches,
-    subset_digest,
-    wrapped,
-)
+from readers.epochs.ranges import positions, wrapped
+from readers.epochs.state import EpochSource, require_full_batches, subset_digest
 
 __all__ = ["EpochSampler", "selected_indices"]
 

@@ -3,7 +3,7 @@
 :class:`WdsStream` reads each DataLoader worker's share of an epoch in ascending passes over
 the tars (through each tar's offset index, see :mod:`readers.formats.wds`), one shuffle window at a
 time, and serves the window's samples in a seeded permuted order. Which samples each rank
-and worker reads, and how an interrupted epoch goes on, follow :mod:`readers.epochs.plan`: every
+and worker reads, and how an interrupted epoch goes on, follow :mod:`readers.epochs.state`: every
 rank gets the same number of samples and batches, known before the epoch starts, even with
 fewer shards than ranks x workers (shares are sample ranges, not whole shards).
 
@@ -24,18 +24,12 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from readers.dataset import Transform, WdsDataset, open_local_shard
+from readers.dataset import Transform, WdsDataset
+from readers.epochs.order import BlockOrder
 from readers.epochs.placement import Placement, current_worker, visible_world_size
-from readers.epochs.plan import (
-    BlockOrder,
-    EpochSource,
-    EpochState,
-    require_full_batches,
-    take,
-    total,
-    wrapped,
-)
-from readers.formats import RangedWdsShard, ShardReader
+from readers.epochs.ranges import take, total, wrapped
+from readers.epochs.state import EpochSource, EpochState, require_full_batches
+from readers.formats import RangedWdsShard, ShardReader, open_local_shard
 from readers.images.crop import Crop
 from readers.manifest import Manifest
 
@@ -51,7 +45,7 @@ class WdsStream(EpochSource, IterableDataset):
     Each epoch, shards are taken in a seeded order and the samples inside every window of
     ``shuffle_buffer`` consecutive samples come out permuted; the order depends only on
     ``seed`` and the epoch. Ranks take equal contiguous slices of it (see
-    :mod:`readers.epochs.plan`), and DataLoader workers every ``num_workers``-th batch of their
+    :mod:`readers.epochs.state`), and DataLoader workers every ``num_workers``-th batch of their
     rank's slice, so a rank's order does not depend on the number of workers.
 
     Args:

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from readers.images.decode import decode_image, is_jpeg
+from readers.images.decode import decode_image
+from readers.images.jpeg import is_jpeg
 
 __all__ = ["DevicePrefetcher"]
 

@@ -16,9 +16,10 @@ from readers.formats.lmdb import LmdbShard
 from readers.formats.pt import PtShard
 from readers.formats.reader import ShardReader
 from readers.formats.wds import RangedWdsShard, WdsShard
+from readers.manifest import Manifest
 from readers.spec import Layout
 
-__all__ = ["SHARD_READERS", "RangedWdsShard", "ShardReader"]
+__all__ = ["SHARD_READERS", "RangedWdsShard", "ShardOpener", "ShardReader", "open_local_shard"]
 
 SHARD_READERS: dict[str, Callable[[str, Layout], ShardReader]] = {
     "pt": PtShard,
@@ -26,3 +27,14 @@ SHARD_READERS: dict[str, Callable[[str, Layout], ShardReader]] = {
     "lmdb": LmdbShard,
     "wds": WdsShard,
 }
+
+ShardOpener = Callable[[Manifest, int], ShardReader]
+"""Opens shard ``k`` of a dataset: ``opener(manifest, k)``. Picklable (a module-level
+function or a ``functools.partial`` of one): DataLoader workers open their own shards."""
+
+
+def open_local_shard(manifest: Manifest, index: int) -> ShardReader:
+    """The default :data:`ShardOpener`: the shard's local file (for a URL, its copy in the
+    cache), its size checked, opened by the format's reader."""
+    path = manifest.location.shard_file(manifest.shards[index], index)
+    return SHARD_READERS[manifest.format](str(path), manifest.layout)

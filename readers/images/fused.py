@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from readers.images.crop import Crop
-from readers.images.decode import JPEG_EOI, check_pixels, decode_image, is_jpeg, jpeg_header
+from readers.images.decode import check_pixels, decode_image
+from readers.images.jpeg import JPEG_EOI, is_jpeg, jpeg_header
 from readers.images.turbo import TurboDecoder, turbo_decoder
 from readers.spec import DatasetError
 

@@ -1,0 +1,87 @@
+"""The layout's rules that the tree alone does not enforce (CONTRIBUTING, "Where things live").
+
+- Every module of the library and the scripts stays under 400 lines: past that a module holds
+  more than one concern and wants a room of its own.
+- ``readers/formats/`` knows shards, not datasets: nothing there imports ``torch.utils.data``.
+- Where this process stands (rank, world size, DataLoader worker) is looked up in one module,
+  ``readers/epochs/placement.py``; everything else receives a ``Placement`` or asks it.
+
+The files are parsed, never imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_LINES = 400
+PLACEMENT = Path("readers/epochs/placement.py")
+# What tells a process where it stands: torch.distributed's placement calls, the launcher's
+# variables, the DataLoader's worker info.
+PLACEMENT_CALLS = {"get_rank", "get_world_size", "get_worker_info"}
+PLACEMENT_VARIABLES = {"RANK", "WORLD_SIZE", "LOCAL_RANK"}
+
+
+def modules(*folders: str) -> list[Path]:
+    return sorted(p.relative_to(ROOT) for f in folders for p in (ROOT / f).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", modules("convert", "readers", "scripts"), ids=str)
+def test_every_module_stays_under_400_lines(path: Path) -> None:
+    lines = len((ROOT / path).read_text(encoding="utf-8").splitlines())
+    assert lines < MAX_LINES, f"{path} has {lines} lines: split it by concern"
+
+
+def imported_modules(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("path", modules("readers/formats"), ids=str)
+def test_shard_readers_import_nothing_from_torch_utils_data(path: Path) -> None:
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    taken = {m for m in imported_modules(tree) if m.startswith("torch.utils.data")}
+    assert not taken, f"{path} imports {taken}: datasets belong in readers/dataset.py"
+
+
+def placement_lookups(tree: ast.AST) -> list[tuple[int, str]]:
+    """Lines of ``tree`` that look up the process's placement."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute | ast.Name):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id
+            if name in PLACEMENT_CALLS:
+                found.append((node.lineno, name))
+        elif isinstance(node, ast.Constant) and node.value in PLACEMENT_VARIABLES:
+            found.append((node.lineno, repr(node.value)))
+    return found
+
+
+def test_placement_is_looked_up_in_one_module_only() -> None:
+    elsewhere = [
+        f"{path}:{line} {name}"
+        for path in modules("readers", "convert")
+        if path != PLACEMENT
+        for line, name in placement_lookups(ast.parse((ROOT / path).read_text(encoding="utf-8")))
+    ]
+    assert not elsewhere, "placement looked up outside readers/epochs/placement.py:\n" + "\n".join(
+        elsewhere
+    )
+    assert placement_lookups(ast.parse((ROOT / PLACEMENT).read_text(encoding="utf-8")))
+
+
+@pytest.mark.parametrize("package", ["convert", "readers"])
+def test_every_folder_of_the_library_is_a_package(package: str) -> None:
+    """``packages = find:`` installs folders with an ``__init__.py`` only: a room without one
+    works from the checkout and is missing from a wheel."""
+    folders = {p.parent for p in (ROOT / package).rglob("*.py") if "__pycache__" not in p.parts}
+    missing = sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file())
+    assert not missing, f"folders without __init__.py: {missing}"
