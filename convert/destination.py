@@ -1,4 +1,6 @@
-"""The folder a conversion writes: claiming it, its lock, and the files that finish it.
+"""Where a conversion writes: the :class:`Destination` protocol, the local folder that
+implements it (:class:`LocalDestination`; a bucket's is ``convert.remote``), the folder's
+lock, and the files that finish a dataset.
 
 A run refuses a folder it may not use (another run's, one holding files imgpack did not
 write, a non-empty one without ``--overwrite`` or ``--resume``) before touching anything.
@@ -18,26 +20,31 @@ import logging
 import os
 import shutil
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, Protocol
 
-from convert.journal import ENTRY_PREFIX, ShardEntry
+from convert.journal import ENTRY_PREFIX, Journal, JournalStore, ShardEntry, shard_files
 from convert.options import ConvertOptions, ConvertResult
 from readers import __version__, spec
 from readers.images.decode import decoder_name
-from readers.manifest import Manifest, json_text
+from readers.manifest import Manifest, json_text, load_manifest
 from readers.storage.location import Location
 
 __all__ = [
     "ERRORS_NAME",
+    "Destination",
     "DestinationBusy",
     "DestinationLock",
+    "LocalDestination",
     "claim_destination",
     "delete_written",
     "disk_full",
+    "kept_files",
     "refuse_contents",
     "refuse_dst_in_src",
+    "remove_if_empty",
     "write_errors",
     "write_manifest",
     "written_by_imgpack",
@@ -46,6 +53,100 @@ __all__ = [
 ERRORS_NAME = "errors.jsonl"
 
 log = logging.getLogger(__name__)
+
+
+class Destination(Protocol):
+    """Where a conversion's dataset goes, a local folder or a bucket's: the pipeline writes
+    the shards into ``folder`` and asks the destination for the rest, in this order:
+    ``claim``, ``is_complete``, ``verifies``, ``keep_only``, ``publish`` (each shard),
+    ``finish``, ``release``, then ``cleanup`` after a run that completed."""
+
+    dst: Path | str  # DST as the result names it: the folder, or the URL
+    folder: Path  # where shards are written: DST itself, or a bucket DST's staging folder
+    journal: JournalStore
+    staged: bool  # True: ``folder`` is on this machine only, and shards go up from it
+
+    def claim(self, src: Path, overwrite: bool, resume: bool) -> None:
+        """Lock DST for this run, refusing (with nothing touched) one it may not write."""
+        ...
+
+    def is_complete(self) -> bool:
+        """True if DST holds a complete dataset (its manifest)."""
+        ...
+
+    def manifest(self) -> Manifest:
+        """The manifest of the complete dataset at DST."""
+        ...
+
+    def verifies(self, entry: ShardEntry) -> bool:
+        """True if a journaled shard is still at DST as recorded."""
+        ...
+
+    def keep_only(self, kept: Sequence[ShardEntry]) -> None:
+        """Delete what an earlier run wrote at DST, except the ``kept`` shards."""
+        ...
+
+    def publish(self, shard: spec.ShardInfo) -> dict[str, list[Any]]:
+        """Put a completed shard in ``folder`` where it belongs, before it is journaled;
+        returns what :attr:`ShardEntry.stored` records."""
+        ...
+
+    def finish(self) -> None:
+        """The manifest is written in ``folder``: make the dataset complete at DST."""
+        ...
+
+    def release(self) -> None:
+        """Let go of DST (the lock; a folder this run made and left empty)."""
+        ...
+
+    def cleanup(self) -> None:
+        """After a run that completed: remove what only the run needed."""
+        ...
+
+
+class LocalDestination:
+    """A DST folder on this machine (or one every node mounts): shards are renamed into
+    place in it and the journal is a file there (:class:`~convert.journal.Journal`)."""
+
+    staged = False
+
+    def __init__(self, dst: Path) -> None:
+        self.dst = self.folder = dst
+        self.journal = Journal(dst)
+        self._made = not dst.exists()  # by this run, which removes it if left empty
+        self._lock: DestinationLock | None = None
+
+    def claim(self, src: Path, overwrite: bool, resume: bool) -> None:
+        """Refuse a DST inside SRC, then lock DST (:func:`claim_destination`)."""
+        refuse_dst_in_src(src, self.folder)
+        self._lock = claim_destination(self.folder, overwrite, resume)
+
+    def is_complete(self) -> bool:
+        return (self.folder / spec.MANIFEST_NAME).is_file()
+
+    def manifest(self) -> Manifest:
+        return load_manifest(self.folder)
+
+    def verifies(self, entry: ShardEntry) -> bool:
+        return entry.verifies(self.folder)
+
+    def keep_only(self, kept: Sequence[ShardEntry]) -> None:
+        delete_written(self.folder, keep=kept_files(kept))
+
+    def publish(self, shard: spec.ShardInfo) -> dict[str, list[Any]]:
+        return {}  # renamed into place already
+
+    def finish(self) -> None:
+        pass  # the manifest, written last, completes the dataset
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+        if self._made:
+            remove_if_empty(self.folder)  # refused, or failed before writing anything
+
+    def cleanup(self) -> None:
+        pass  # everything left is the dataset
 
 
 class DestinationBusy(FileExistsError):
@@ -160,6 +261,17 @@ def delete_written(dst: Path, keep: set[str]) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
+
+
+def kept_files(kept: Sequence[ShardEntry]) -> set[str]:
+    """What a resumed run keeps in its folder: the lock and the ``kept`` shards' files."""
+    return {spec.LOCK_NAME, *(name for e in kept for name in shard_files(e.shard))}
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` if it is an empty folder."""
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def claim_destination(dst: Path, overwrite: bool, resume: bool) -> DestinationLock:

@@ -1,4 +1,5 @@
-"""Where samples are prepared: worker processes that read, decode, resize, crop and encode.
+"""``--executor local``: samples prepared by worker processes that read, decode, resize,
+crop and encode, and written by this process in sample order (:class:`LocalExecutor`).
 
 Each chunk of files travels to a worker with the folder it lies in and the recipe
 (:class:`convert.process.Transform`, which carries the decompression-bomb limit too):
@@ -17,23 +18,34 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import logging
 import os
 import pickle
 import signal
 import tempfile
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from convert.job import Job, bad_input
+from convert.journal import JournalStore, ShardEntry, resumable_entries
+from convert.ledger import Publish, SequentialLedger
+from convert.options import ConvertOptions
 from convert.process import Prepared, Transform, prepare
+from convert.scan import Sample
+from convert.writers import WRITERS, Record, ShardedOutput
+from readers import spec
 
-__all__ = ["WorkerDiedError", "prepare_files", "prepared_in_order"]
+__all__ = ["LocalExecutor", "WorkerDiedError", "prepare_files", "prepared_in_order"]
 
 _PR_SET_PDEATHSIG = 1
+
+log = logging.getLogger(__name__)
 
 
 class WorkerDiedError(OSError):
@@ -133,3 +145,87 @@ def _die_with_parent() -> None:
     SIGKILL), so that a killed conversion leaves no orphan workers behind."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class LocalExecutor:
+    """One run on this machine: a process pool prepares the samples, this process writes
+    them in sample order (shards cut by ``--shard-size``/``--shard-bytes``), and a resume
+    keeps the unbroken run of completed shards from the start."""
+
+    def __init__(
+        self, options: ConvertOptions, samples: list[Sample], ray_address: str | None
+    ) -> None:
+        self.samples = samples
+        self._ledger: SequentialLedger | None = None
+
+    @staticmethod
+    def check(options: ConvertOptions, workers: int | None, ray_address: str | None) -> None:
+        if ray_address:
+            raise ValueError("--ray-address needs --executor ray")
+
+    def header(self) -> dict[str, Any]:
+        return {}
+
+    def resumable(
+        self,
+        journal: JournalStore,
+        header: dict[str, Any],
+        verifies: Callable[[ShardEntry], bool],
+    ) -> list[ShardEntry]:
+        return resumable_entries(journal, header["options"], self.samples, verifies)
+
+    def start(
+        self, journal: JournalStore, kept: Sequence[ShardEntry], publish: Publish
+    ) -> SequentialLedger:
+        self._ledger = SequentialLedger(journal, list(kept), self.samples, publish)
+        return self._ledger
+
+    def write(self, job: Job) -> int:
+        """The samples after the kept shards, prepared by ``job.workers`` processes."""
+        if self._ledger is None:
+            raise RuntimeError("LocalExecutor.write before start")
+        ledger, options = self._ledger, job.options
+        output = ShardedOutput(
+            job.folder,
+            options.format,
+            WRITERS[options.format],
+            job.layout(),
+            *options.shard_limits(),
+            done=[e.shard for e in ledger.entries],
+        )
+        try:
+            _write_samples(job, ledger, output)
+        except BaseException:
+            output.abort()  # frees the space of the shard being written
+            raise
+        return job.workers
+
+
+def _write_samples(job: Job, ledger: SequentialLedger, output: ShardedOutput) -> None:
+    """The loop: each prepared sample, in order, into the output or the error list."""
+    start = ledger.start
+    bar = job.progress_bar(start)
+    todo = job.samples[start:]
+    stream = prepared_in_order(
+        job.src, [s.relpath for s in todo], job.options.transform, job.workers
+    )
+    with bar, contextlib.closing(stream):
+        positions = range(start, len(job.samples))
+        for position, sample, prepared in zip(positions, todo, stream, strict=True):
+            bar.update()
+            if isinstance(prepared, str):
+                error = {"path": sample.relpath, "error": prepared}
+                if job.on_error == "fail":
+                    raise bad_input(error, resumable=True)
+                ledger.skipped(sample, error)
+                log.warning("skipped %s", prepared)
+                continue
+            key = spec.SAMPLE_KEY.format(ledger.written_samples)
+            record = Record(key, prepared.data, prepared.ext, sample.label, sample.relpath)
+            finished = output.add(record)
+            if finished is not None:
+                ledger.completed(finished, position)
+            ledger.written(sample, record, prepared.shape)
+    finished = output.close()
+    if finished is not None:
+        ledger.completed(finished, len(job.samples))
