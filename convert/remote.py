@@ -29,7 +29,6 @@ from typing import Any
 
 from convert.destination import (
     ERRORS_NAME,
-    DestinationLock,
     delete_written,
     kept_files,
     refuse_contents,
@@ -43,6 +42,7 @@ from convert.journal import (
     parse_header,
     shard_files,
 )
+from convert.lock import DestinationLock
 from readers import spec
 from readers.manifest import Manifest, load_manifest
 from readers.storage.cache import ShardCache

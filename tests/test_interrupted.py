@@ -255,7 +255,7 @@ def test_a_second_conversion_into_the_same_folder_is_refused_and_the_first_is_un
 
 # Holds the lock on DST (argv[1]) until its stdin closes, as a running conversion does.
 HOLD_LOCK = (
-    "import sys; from pathlib import Path; from convert.destination import DestinationLock; "
+    "import sys; from pathlib import Path; from convert.lock import DestinationLock; "
     "DestinationLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); "
     "sys.stdin.read()"
 )
