@@ -79,9 +79,9 @@ def convert_folder(
         on_error: ``"skip"`` bad files (listed in ``errors.jsonl``) or ``"fail"`` on the
             first one, raising BadInputError.
         progress: show a tqdm bar (None: only when stderr is a terminal).
-        executor: ``"local"`` (a process pool) or ``"ray"``: planned shards as Ray tasks
-            (``convert.executors``, one of :data:`~convert.executors.EXECUTORS`) on the cluster at
-            ``ray_address`` (None: the one this process joined, else ``RAY_ADDRESS``, else
+        executor: a name in :data:`convert.executors.EXECUTORS`: ``"local"`` (a process
+            pool) or ``"ray"`` (planned shards as Ray tasks on the cluster at
+            ``ray_address``; None: the one this process joined, else ``RAY_ADDRESS``, else
             a new local instance with ``workers`` CPUs).
 
     Raises:
@@ -125,16 +125,16 @@ def convert_folder(
             journal.start(header, kept)
             ledger = run.start(journal, kept, destination.publish)
             job = Job(
-                src,
-                destination.folder,
-                options,
-                scan,
-                samples,
-                header["source_fingerprint"],
-                workers or default_workers(),
-                on_error,
-                progress,
-                destination.staged,
+                src=src,
+                folder=destination.folder,
+                options=options,
+                scan=scan,
+                samples=samples,
+                fingerprint=header["source_fingerprint"],
+                workers=workers or default_workers(),
+                on_error=on_error,
+                progress=progress,
+                staged=destination.staged,
             )
             result = _finish(job, destination, run, ledger)
     finally:

@@ -1,7 +1,7 @@
 """Where a conversion's samples are prepared and its shards written (``--executor``).
 
-``local``: a process pool on this machine, shards written in sample order
-(``convert.executors.local``). ``ray``: shards planned up front
+``local``: a process pool on this machine (``convert.executors.pool``), shards written in
+sample order (``convert.executors.local``). ``ray``: shards planned up front
 (``convert.executors.planned``) and written as Ray tasks (``convert.executors.ray``; its
 tasks in ``convert.executors.ray_tasks``, the only module that imports Ray). Each is an
 :class:`Executor`, chosen by name from :data:`EXECUTORS`.
@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from convert.executors.local import LocalExecutor, WorkerDiedError
+from convert.executors.local import LocalExecutor
+from convert.executors.pool import WorkerDiedError
 from convert.executors.ray import RAY_HINT, RayExecutor
 from convert.job import Job
 from convert.journal import JournalStore, ShardEntry
