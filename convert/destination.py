@@ -57,10 +57,14 @@ class Destination(Protocol):
     ``claim``, ``is_complete``, ``verifies``, ``keep_only``, ``publish`` (each shard),
     ``finish``, ``release``, then ``cleanup`` after a run that completed."""
 
-    dst: Path | str  # DST as the result names it: the folder, or the URL
     folder: Path  # where shards are written: DST itself, or a bucket DST's staging folder
     journal: JournalStore
     staged: bool  # True: ``folder`` is on this machine only, and shards go up from it
+
+    @property
+    def dst(self) -> Path | str:
+        """DST as the result names it: the folder, or the URL."""
+        ...
 
     def claim(self, src: Path, overwrite: bool, resume: bool) -> None:
         """Lock DST for this run, refusing (with nothing touched) one it may not write."""
