@@ -171,7 +171,7 @@ def run_crops(src: Path, work: Path, repeats: int, max_foreign: float) -> dict[s
     factories["imgpack lmdb centre by transform= workers=0"] = imgpack(
         lmdb, 0, transform=CenterCrop(CROP)
     )
-    beton = work / "ffcv.beton"
+    beton = work / "ffcv-same-pixels.beton"  # not ffcv.beton: older runs capped it at 256
     if ffcv_missing is None:
         write_beton(roots["pt"], beton)  # pt: py-lmdb allows one open env per file
         long_side = write_beton(roots["pt"], work / "ffcv-long-side-256.beton", RESIZE)
