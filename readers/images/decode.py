@@ -49,6 +49,7 @@ from readers.images.jpeg import (
     jpeg_header,
     xmp_orientation,
 )
+from readers.images.kernel import crop_kernel
 
 __all__ = [
     "ImageTooLargeError",
@@ -98,9 +99,13 @@ def _turbojpeg() -> Any | None:
         return None
 
 
-def decoder_name() -> str:
-    """Which JPEG decoder this process uses: ``"turbojpeg"`` or ``"pillow"``."""
-    return "turbojpeg" if _turbojpeg() is not None else "pillow"
+def decoder_name(crop: bool = False) -> str:
+    """Which JPEG decoder this process uses: ``"turbojpeg"`` or ``"pillow"`` (what the
+    converter records). With ``crop=True``, the one of reads with ``crop=``:
+    ``"turbojpeg+kernel"`` where the compiled crop kernel (:mod:`readers.images.kernel`)
+    decodes them, else the same."""
+    name = "turbojpeg" if _turbojpeg() is not None else "pillow"
+    return f"{name}+kernel" if crop and name == "turbojpeg" and crop_kernel() else name
 
 
 @dataclass(frozen=True)

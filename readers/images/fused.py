@@ -21,10 +21,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from readers.images.crop import Crop
-from readers.images.decode import check_pixels, decode_image
+from readers.images.decode import check_pixels, decode_image, decoder_name
 from readers.images.jpeg import JPEG_EOI, is_jpeg, jpeg_header
+from readers.images.kernel import HEIGHT, WIDTH, crop_kernel, crop_rows, jpeg_headers, kernel_decodes
 from readers.images.turbo import TurboDecoder, turbo_decoder
 from readers.spec import DatasetError
 
@@ -144,15 +146,19 @@ def crop_batch(
     rows: np.ndarray,
     run: Callable[[Callable[[int], None], Sequence[int]], Any],
     where: Callable[[int], str],
+    threads: int = 1,
 ) -> None:
     """Fill ``rows`` (uint8 ``[n, H, W, 3]``) with the crops of the stored ``values`` of
     samples ``indices``: sizes from the JPEG markers and every box drawn at once here,
-    then ``run(fill, range(n))`` decodes (on the caller's threads) straight into the rows.
+    then ``run(fill, range(threads))`` decodes straight into the rows, each of the caller's
+    ``threads`` filling one interleaved slice: the JPEGs the compiled kernel takes in one
+    call without the GIL (:mod:`readers.images.kernel`), the rest one by one.
 
     Raises:
         DatasetError: naming the sample (``where(row)``) that cannot be decoded.
     """
     turbo = turbo_decoder()
+    kernel = crop_kernel() if decoder_name() == "turbojpeg" else None  # libjpeg-turbo too
 
     def named(row: int, fn: Callable[[], Any]) -> Any:
         try:
@@ -160,18 +166,42 @@ def crop_batch(
         except ValueError as e:  # name the sample only when it fails: this path is hot
             raise DatasetError(f"{where(row)}: {e}") from e
 
-    found = [named(row, lambda v=v: probe(v, turbo)) for row, v in enumerate(values)]
-    known = [row for row, f in enumerate(found) if f is not None]
-    boxes = np.zeros((len(values), 5), dtype=np.int64)
-    if known:
-        sizes = np.array([(found[row].height, found[row].width) for row in known])  # type: ignore[union-attr]
-        boxes[known] = crop.boxes(sizes, indices[known])
+    n = len(values)
+    sizes = np.zeros((n, 2), dtype=np.int64)
+    fast = np.zeros(n, dtype=bool)
+    if kernel is not None:
+        headers = jpeg_headers(kernel, values)
+        limit = Image.MAX_IMAGE_PIXELS  # over it: the Python path raises as check_pixels does
+        fast = kernel_decodes(headers, None if limit is None else int(limit))
+        sizes[:, 0], sizes[:, 1] = headers[:, HEIGHT], headers[:, WIDTH]
+    found: list[Probe | None] = [None] * n
+    for row in np.flatnonzero(~fast):
+        found[row] = named(row, lambda v=values[row]: probe(v, turbo))
+        if found[row] is not None:
+            sizes[row] = found[row].height, found[row].width  # type: ignore[union-attr]
+    known = fast | np.array([f is not None for f in found], dtype=bool)
+    boxes = np.zeros((n, 5), dtype=np.int64)
+    if known.any():
+        boxes[known] = crop.boxes(sizes[known], indices[known])
 
-    def fill(row: int) -> None:
-        f = found[row]
-        if f is None:
+    def fill(row: int, probed: Probe | None) -> None:
+        if probed is None:
             named(row, lambda: fill_decoded(values[row], crop, int(indices[row]), rows[row]))  # type: ignore[arg-type]
         else:
-            named(row, lambda: fill_row(f, boxes[row], rows[row], turbo))
+            named(row, lambda: fill_row(probed, boxes[row], rows[row], turbo))
 
-    run(fill, range(len(values)))
+    by_kernel, one_by_one = np.flatnonzero(fast), np.flatnonzero(~fast)
+    step = max(1, min(threads, n))
+
+    def fill_slice(k: int) -> None:
+        failed = by_kernel[k::step]
+        if kernel is not None and len(failed):
+            failed = crop_rows(kernel, values, failed, boxes, sizes, rows)
+        for row in failed:  # libjpeg failed or warned: judged as without the kernel
+            data = values[row]
+            height, width = (int(v) for v in sizes[row])
+            fill(row, Probe(data if isinstance(data, bytes) else bytes(data), height, width))
+        for row in one_by_one[k::step]:
+            fill(row, found[row])
+
+    run(fill_slice, range(step))
