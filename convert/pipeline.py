@@ -32,7 +32,9 @@ from convert.destination import (
     write_errors,
     write_manifest,
 )
-from convert.executor import WorkerDiedError, prepared_in_order
+from convert.executors import check_executor
+from convert.executors.local import WorkerDiedError, prepared_in_order
+from convert.executors.planned import PlannedLedger, ShardPlan, resumable_planned
 from convert.journal import (
     Journal,
     Ledger,
@@ -48,7 +50,6 @@ from convert.options import (
     ConvertResult,
     default_workers,
 )
-from convert.planned import PlannedLedger, ShardPlan, check_executor, resumable_planned
 from convert.remote import RemoteDestination
 from convert.scan import Sample, Scan, scan_source
 from convert.writers import WRITERS, Layout, Record, ShardedOutput
@@ -104,7 +105,7 @@ def convert_folder(
             first one, raising BadInputError.
         progress: show a tqdm bar (None: only when stderr is a terminal).
         executor: ``"local"`` (a process pool) or ``"ray"``: planned shards as Ray tasks
-            (``convert.planned``, ``convert.ray_executor``) on the cluster at
+            (``convert.executors.planned``, ``convert.executors.ray_tasks``) on the cluster at
             ``ray_address`` (None: the one this process joined, else ``RAY_ADDRESS``, else
             a new local instance with ``workers`` CPUs).
 
@@ -237,15 +238,15 @@ def _run(job: _Job, ledger: Ledger) -> ConvertResult:
 
 def _run_on_ray(job: _Job, ledger: PlannedLedger, ray_address: str | None) -> ConvertResult:
     """Write the shards the ledger lacks as Ray tasks, then the manifest."""
-    from convert import ray_executor  # Ray is an optional extra
+    from convert.executors import ray_tasks  # Ray is an optional extra
 
-    with ray_executor.connected(ray_address, job.workers) as cpus:
+    with ray_tasks.connected(ray_address, job.workers) as cpus:
         job = replace(job, workers=cpus)
 
         def write() -> None:
             with _progress_bar(job, ledger.kept_positions()) as bar:
-                error = ray_executor.run_shards(
-                    ray_executor.ShardJob(
+                error = ray_tasks.run_shards(
+                    ray_tasks.ShardJob(
                         job.src, job.dst, job.samples, job.options.transform, _layout(job)
                     ),
                     ledger,

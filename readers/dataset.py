@@ -51,12 +51,14 @@ Transform = Callable[[torch.Tensor], Any]
 
 
 class ImageDataset(Dataset):
-    """Map-style dataset over an imgpack folder of one format; subclasses set ``format``.
+    """Map-style dataset over an imgpack dataset of any format (the named subclasses,
+    :class:`PtDataset` and the others, accept their own format only).
 
     Args:
         root: the dataset folder (the one holding ``imgpack.json``), its URL
             (``s3://bucket/prefix``, anything fsspec reaches; see ``docs/FORMATS.md``), or
-            its :class:`Manifest` already loaded (:func:`readers.load_manifest`).
+            its :class:`Manifest` already loaded (:func:`readers.load_manifest`), whose
+            location then holds the storage options and cache.
         transform: applied to each ``[3, H, W]`` uint8 image tensor.
         decode_threads: threads decoding one batch in ``__getitems__``; default all usable
             CPUs in the main process and 1 inside a DataLoader worker.
@@ -73,8 +75,8 @@ class ImageDataset(Dataset):
             opened, and the size that folder is kept under (:mod:`readers.storage.cache`;
             defaults ``$IMGPACK_CACHE_DIR`` or ``~/.cache/imgpack``, 50 GiB).
         opener: how a shard is opened (:data:`readers.formats.ShardOpener`); default
-            :func:`readers.formats.open_local_shard`. ``WdsStream`` reads remote tars by byte ranges
-            through its own.
+            :func:`readers.formats.open_local_shard`. ``WdsStream`` passes its own, which
+            reads remote tars by byte ranges.
 
     Images are ``torch.uint8`` ``[3, H, W]`` RGB views of HWC storage (channels-last
     memory); labels are ``int`` class indices as torchvision's ``ImageFolder`` gives them.

@@ -4,7 +4,9 @@
 client of this process and its children at it (``AWS_ENDPOINT_URL`` and dummy
 credentials), creates ``bucket``, and stops it and restores the environment on exit.
 ``server.stop()`` stops it early (a storage outage); ``server.enforce_permissions(...)``
-makes it check every request against IAM users it creates, as AWS does.
+makes it check every request against IAM users it creates, as AWS does;
+``server.requests()`` lists the HTTP requests it has received (to count what a reader
+fetches).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -26,9 +29,13 @@ import fsspec
 
 from readers.storage.remote import RemoteFolder
 
-__all__ = ["S3Server", "free_port", "local_s3_server"]
+__all__ = ["Request", "S3Server", "free_port", "local_s3_server"]
 
 STARTUP_S = 30
+# The request line werkzeug (moto's server) logs for every request, before it sends the
+# response: '127.0.0.1 - - [date] "GET /bucket/key?query HTTP/1.1" 200 -', coloured with
+# ANSI escapes for some status codes.
+_REQUEST_LINE = re.compile(rb'"(?:\x1b\[[0-9;]*m)*([A-Z]+) (\S+) HTTP/[0-9.]+')
 
 
 def free_port() -> int:
@@ -38,12 +45,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request the server received: ``method`` and ``target`` as sent
+    (``"GET"``, ``"/bucket/prefix/imgpack.json"``; a query stays on the target)."""
+
+    method: str
+    target: str
+
+
 @dataclass
 class S3Server:
-    """A running moto server: its endpoint URL and process."""
+    """A running moto server: its endpoint URL, process and output (its request log)."""
 
     endpoint: str
     process: subprocess.Popen
+    log: IO[bytes]
+
+    def requests(self) -> list[Request]:
+        """Every request received so far, in order: a request is logged before its
+        response is sent, so one a client has seen answered is listed."""
+        fd = self.log.fileno()  # read without moving the offset the server writes at
+        text = os.pread(fd, os.fstat(fd).st_size, 0)
+        return [Request(m[1].decode(), m[2].decode()) for m in _REQUEST_LINE.finditer(text)]
 
     def stop(self) -> None:
         """Stop the server (a no-op once stopped): every request then fails to connect."""
@@ -102,7 +126,7 @@ def local_s3_server(bucket: str) -> Iterator[S3Server]:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        server = S3Server(endpoint, process)
+        server = S3Server(endpoint, process, log)
         os.environ.update(env)
         # fsspec keeps one S3 filesystem per set of options: one made for an earlier server
         # (its endpoint read from the environment then) must not be reused.

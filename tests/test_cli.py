@@ -16,7 +16,8 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from convert.cli import main, parse_bytes
+from convert.cli import main
+from convert.cli.convert import parse_bytes
 from readers import spec
 
 ROOT = Path(__file__).resolve().parent.parent

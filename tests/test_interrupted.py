@@ -178,7 +178,7 @@ def test_a_worker_killed_mid_run_stops_the_run_resumably_instead_of_hanging(
 KILLED_WHILE_SENDING = """
 import sys
 from pathlib import Path
-from convert.executor import WorkerDiedError, prepared_in_order
+from convert.executors.local import WorkerDiedError, prepared_in_order
 from convert.process import Transform
 src = Path(sys.argv[1])
 files = sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg")) * 20

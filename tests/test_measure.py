@@ -19,9 +19,9 @@ from click.testing import CliRunner
 from PIL import Image
 
 import readers
-from convert.bench import FolderDataset, crop_for, open_source, resident_fraction
 from convert.cli import main
-from convert.cli_measure import verdict
+from convert.cli.measure import verdict
+from convert.measure.bench import FolderDataset, crop_for, open_source, resident_fraction
 from convert.scan import scan_folder
 from readers import spec
 from readers.feeding import tune

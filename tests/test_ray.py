@@ -23,8 +23,8 @@ import torch
 
 import readers
 from convert import ConvertOptions, convert_folder
+from convert.executors import RAY_HINT
 from convert.pipeline import BadInputError
-from convert.planned import RAY_HINT
 from readers import spec
 from scripts.s3_server import local_s3_server
 from tests.conftest import SAMPLE_DATA

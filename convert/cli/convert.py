@@ -1,22 +1,20 @@
-"""The ``imgpack`` command: parse options, call the library, report. No format code here."""
+"""``imgpack convert``: parse the options, call :func:`convert.convert_folder`, report."""
 
 from __future__ import annotations
 
-import logging
 import signal
-import sys
 from pathlib import Path
 
 import click
 
-from convert.cli_dataset import info, verify
-from convert.cli_measure import bench, tune
+from convert.executors import EXECUTORS
 from convert.options import ON_ERROR, ConvertOptions, default_workers
 from convert.pipeline import ConversionInterrupted, convert_folder
-from convert.planned import EXECUTORS
-from readers import __version__, spec
+from readers import spec
 from readers.manifest import load_manifest
 from readers.storage.cache import parse_size
+
+__all__ = ["convert", "parse_bytes"]
 
 
 def parse_bytes(text: str) -> int:
@@ -27,44 +25,11 @@ def parse_bytes(text: str) -> int:
         raise click.BadParameter(str(e)) from None
 
 
-class ImgpackGroup(click.Group):
-    """The one place where the library's errors become exit codes: a user's mistake or a
-    storage fault (ValueError, as DatasetError and StorageError are, or OSError) is a
-    one-line ``Error: ...`` and exit status 1; with ``imgpack --debug``, the traceback."""
-
-    def invoke(self, ctx: click.Context) -> object:
-        try:
-            return super().invoke(ctx)
-        except (ValueError, OSError) as e:
-            if ctx.obj and ctx.obj.get("debug"):
-                raise
-            raise click.ClickException(str(e)) from e
-
-
-@click.group(cls=ImgpackGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="imgpack")
-@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
-@click.pass_context
-def main(ctx: click.Context, debug: bool) -> None:
-    """Convert image folders into fast training formats and inspect the result.
-
-    \b
-    imgpack convert ~/imagenet/train /data/in1k-pt --format pt --encoding raw \\
-        --resize 256 --center-crop 224
-    imgpack info /data/in1k-pt
-    imgpack verify /data/in1k-pt --deep
-    """
-    ctx.obj = {"debug": debug}
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.WARNING, format="imgpack: %(message)s"
-    )
-
-
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-@main.command()
+@click.command()
 @click.argument("src", type=click.Path(path_type=Path))
 @click.argument("dst")
 @click.option(
@@ -342,13 +307,3 @@ def _class_list(classes_file: Path | None, classes_from: str | None) -> tuple[st
         why = f"repeats {', '.join(repeated[:3])}" if repeated else "lists no class"
         raise ValueError(f"{classes_file}: {why} (one class name per line, in label order)")
     return tuple(names)
-
-
-main.add_command(info)
-main.add_command(verify)
-main.add_command(bench)
-main.add_command(tune)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

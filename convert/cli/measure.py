@@ -1,31 +1,24 @@
 """``imgpack bench`` and ``imgpack tune``: measure reads and DataLoader settings (the work is in
-``convert.bench`` and ``readers.feeding.tune``; this only parses and reports)."""
+``convert.measure`` and ``readers.feeding.tune``; this only parses and reports)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import NoReturn
 
 import click
 from tqdm import tqdm
 
-from convert import bench as measure
-from convert import bench_report as report
+from convert.cli.errors import fail
+from convert.measure import bench as measure
+from convert.measure import report
 from readers.feeding import tune as tuning
 from readers.feeding.wait import WAIT_SHARE, keeps_up
 from readers.manifest import load_manifest
 from readers.spec import DatasetError
 from readers.storage.remote import is_url
 
-__all__ = ["bench", "fail", "recommended_call", "tune", "verdict"]
-
-
-def fail(ctx: click.Context, error: Exception) -> NoReturn:
-    """A user's mistake as a one-line error, or the traceback with ``imgpack --debug``."""
-    if ctx.obj and ctx.obj.get("debug"):
-        raise error
-    raise click.ClickException(str(error)) from error
+__all__ = ["bench", "recommended_call", "tune", "verdict"]
 
 
 def _worker_counts(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:

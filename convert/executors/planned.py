@@ -1,5 +1,5 @@
 """Planned shards: the conversion split up front, for executors whose shards complete out of
-order (``convert.ray_executor``).
+order (``convert.executors.ray_tasks``).
 
 Shard ``i`` holds the samples at positions ``[i*S, (i+1)*S)`` of the ordered sample list,
 S being ``shard_size`` (or the format's default; :data:`PLANNED_SHARD_SIZE` for hdf5 and
@@ -19,7 +19,6 @@ and writes the rest.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import secrets
 from collections.abc import Callable, Iterable
@@ -43,23 +42,14 @@ from convert.writers.base import discard_shard, place_shard
 from readers import spec
 
 __all__ = [
-    "EXECUTORS",
     "PLANNED_SHARD_SIZE",
-    "RAY_HINT",
     "PlannedLedger",
     "ShardOutcome",
     "ShardPlan",
     "ShardTask",
-    "check_executor",
     "resumable_planned",
     "write_shard",
 ]
-
-EXECUTORS = ("local", "ray")
-RAY_HINT = (
-    "--executor ray needs Ray: pip install -e '.[ray]' in the imgpack checkout "
-    "(or pip install 'ray>=2.9')"
-)
 
 PLANNED_SHARD_SIZE = 10_000  # samples per shard where the local default is one file
 
@@ -261,27 +251,3 @@ def resumable_planned(
         else:
             kept.setdefault(index, entry)
     return [kept[i] for i in sorted(kept)]
-
-
-def check_executor(
-    executor: str, ray_address: str | None, options: ConvertOptions, workers: int | None
-) -> None:
-    """Refuse, before anything is touched, what the executor cannot do."""
-    if executor not in EXECUTORS:
-        raise ValueError(f"unknown executor {executor!r}: choose from {EXECUTORS}")
-    if executor != "ray":
-        if ray_address:
-            raise ValueError("--ray-address needs --executor ray")
-        return
-    if importlib.util.find_spec("ray") is None:  # an optional extra: looked for, not imported
-        raise ValueError(RAY_HINT)
-    if options.shard_bytes:
-        raise ValueError(
-            "--shard-bytes cannot be planned before the images are prepared: with --executor "
-            "ray shards are planned by count; use --shard-size N (N = SIZE / bytes per sample)"
-        )
-    if ray_address and workers:
-        raise ValueError(
-            "--workers sizes a new local Ray instance; the cluster at --ray-address has its "
-            "own CPUs: drop --workers"
-        )

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 import readers
-from convert.bench import PERCENTILES, path_name
+from convert.measure.bench import PERCENTILES, path_name
 from readers.storage.remote import is_url
 
 __all__ = ["format_table", "headers", "iter_rows", "machine_facts", "plot", "storage_of"]

@@ -1,0 +1,30 @@
+"""The one place where the library's errors become exit codes."""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import click
+
+__all__ = ["ImgpackGroup", "fail"]
+
+
+class ImgpackGroup(click.Group):
+    """The one place where the library's errors become exit codes: a user's mistake or a
+    storage fault (ValueError, as DatasetError and StorageError are, or OSError) is a
+    one-line ``Error: ...`` and exit status 1; with ``imgpack --debug``, the traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (ValueError, OSError) as e:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            raise click.ClickException(str(e)) from e
+
+
+def fail(ctx: click.Context, error: Exception) -> NoReturn:
+    """A user's mistake as a one-line error, or the traceback with ``imgpack --debug``."""
+    if ctx.obj and ctx.obj.get("debug"):
+        raise error
+    raise click.ClickException(str(error)) from error
