@@ -260,10 +260,21 @@ static double triangle(double x) {
     return x < 1.0 ? 1.0 - x : 0.0;
 }
 
+/* One dimension of a box: `in` source pixels, of which the box spans `extent` from
+ * `offset` (fractional in a DCT-scaled decode; 0 and `in` otherwise). */
+typedef struct {
+    int in;
+    double offset, extent;
+} Span;
+
+static int is_copy(Span s, int out) { return s.in == out && s.offset == 0.0 && s.extent == out; }
+
 /* HelperInterpBase::_compute_indices_int16_weights_aa with align_corners=False, no scale
- * given, bilinear, antialias=True: the same doubles in the same order, so the same weights. */
-static int make_taps(Taps *t, int in, int out) {
-    double scale = (double)in / (double)out;
+ * given, bilinear, antialias=True: the same doubles in the same order, so the same weights
+ * for a whole span (offset 0, extent in). A fractional span shifts and scales the centres. */
+static int make_taps(Taps *t, Span span, int out) {
+    const int in = span.in;
+    double scale = span.extent / (double)out;
     double support = scale >= 1.0 ? 1.0 * scale : 1.0;
     double invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
     int taps = (int)ceil(support) * 2 + 1;
@@ -278,7 +289,7 @@ static int make_taps(Taps *t, int in, int out) {
         return 0;
     }
     for (int i = 0; i < out; i++) {
-        double center = scale * (i + 0.5), total = 0.0;
+        double center = span.offset + scale * (i + 0.5), total = 0.0;
         int64_t xmin = (int64_t)(center - support + 0.5), xmax = (int64_t)(center + support + 0.5);
         if (xmin < 0) xmin = 0;
         if (xmax > in) xmax = in;
@@ -407,14 +418,16 @@ static int dct_factor(int64_t bh, int64_t bw, int out_h, int out_w) {
     return 1;
 }
 
-/* Python's round() of top / d for a power of two d: half to even. */
-static int64_t round_div(int64_t v, int d) { return (int64_t)nearbyint((double)v / d); }
+static int64_t ceil_div(int64_t v, int d) { return (v + d - 1) / d; }
 
-/* Resize (or copy) the box `src` (`bh` x `bw`, rows `stride` apart) into the row `out`. */
-static int place(const uint8_t *src, size_t stride, int bh, int bw, int flip, uint8_t *out,
-                 int out_h, int out_w, Scratch *s) {
+/* Resize (or copy) the box in `src` (`down.in` x `across.in` pixels, rows `stride` apart)
+ * into the row `out`. */
+static int place(const uint8_t *src, size_t stride, Span down_span, Span across_span, int flip,
+                 uint8_t *out, int out_h, int out_w, Scratch *s) {
     size_t out_stride = (size_t)out_w * 3;
-    if (bh == out_h && bw == out_w) {
+    int bh = down_span.in, bw = across_span.in;
+    int resize_across = !is_copy(across_span, out_w), resize_down = !is_copy(down_span, out_h);
+    if (!resize_across && !resize_down) {
         for (int y = 0; y < bh; y++) {
             const uint8_t *line = src + (size_t)y * stride;
             uint8_t *o = out + (size_t)y * out_stride;
@@ -426,23 +439,23 @@ static int place(const uint8_t *src, size_t stride, int bh, int bw, int flip, ui
     }
     Taps across = {0}, down = {0};
     int ok = 1;
-    if (bw != out_w) ok = make_taps(&across, bw, out_w);
-    if (ok && bh != out_h) ok = make_taps(&down, bh, out_h);
-    if (ok && bw != out_w && bh != out_h) {
+    if (resize_across) ok = make_taps(&across, across_span, out_w);
+    if (ok && resize_down) ok = make_taps(&down, down_span, out_h);
+    if (ok && resize_across && resize_down) {
         ok = grow((void **)&s->box, &s->box_n, (size_t)bh * out_stride) &&
              grow((void **)&s->acc, &s->acc_n, out_stride * sizeof(int32_t));
         if (ok) {
             resize_rows(src, stride, bh, &across, out_w, s->box, out_stride, 0);
             resize_columns(s->box, out_stride, out_stride, &down, out_h, out, out_stride, flip, s->acc);
         }
-    } else if (ok && bw != out_w) {
+    } else if (ok && resize_across) {
         resize_rows(src, stride, bh, &across, out_w, out, out_stride, flip);
     } else if (ok) {
         ok = grow((void **)&s->acc, &s->acc_n, out_stride * sizeof(int32_t));
         if (ok) resize_columns(src, stride, out_stride, &down, out_h, out, out_stride, flip, s->acc);
     }
-    if (bw != out_w) free_taps(&across);
-    if (bh != out_h) free_taps(&down);
+    if (resize_across) free_taps(&across);
+    if (resize_down) free_taps(&down);
     return ok;
 }
 
@@ -474,14 +487,17 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
     jpeg_start_decompress(cinfo);
     int64_t H = cinfo->output_height, W = cinfo->output_width;
     int64_t top = box.top, left = box.left, bh = box.height, bw = box.width;
-    if (d > 1) { /* the box's edges in the scaled image, to the nearest pixel (fused.fill_row) */
-        int64_t bottom = round_div(box.top + box.height, d), right = round_div(box.left + box.width, d);
-        top = round_div(box.top, d);
-        left = round_div(box.left, d);
+    Span down = {(int)bh, 0.0, (double)bh}, across = {(int)bw, 0.0, (double)bw};
+    if (d > 1) { /* the scaled pixels the box touches, and where in them its edges lie */
+        int64_t bottom = ceil_div(box.top + box.height, d), right = ceil_div(box.left + box.width, d);
+        top = box.top / d;
+        left = box.left / d;
         if (bottom > H) bottom = H;
         if (right > W) right = W;
         bh = bottom - top;
         bw = right - left;
+        down = (Span){(int)bh, (double)box.top / d - (double)top, (double)box.height / d};
+        across = (Span){(int)bw, (double)box.left / d - (double)left, (double)box.width / d};
     }
     /* The part of the box inside the image: rows [y0, y1), columns [x0, x1). */
     int64_t y0 = top > 0 ? top : 0, y1 = top + bh < H ? top + bh : H;
@@ -528,7 +544,7 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
     if (any && y0 == top && y1 == top + bh && x0 == left && x1 == left + bw) {
         src = s->pixels + (size_t)(top - first) * line + (size_t)(left - (int64_t)xoff) * 3;
         stride = line;
-        if (!place(src, stride, (int)bh, (int)bw, (int)box.flip, out, out_h, out_w, s)) return CROP_MEMORY;
+        if (!place(src, stride, down, across, (int)box.flip, out, out_h, out_w, s)) return CROP_MEMORY;
         return CROP_OK;
     }
     size_t padded_line = (size_t)bw * 3, padded_n = (size_t)bh * padded_line;
@@ -539,7 +555,7 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
         memcpy(padded + (size_t)(y - top) * padded_line + (size_t)(x0 - left) * 3,
                s->pixels + (size_t)(y - first) * line + (size_t)(x0 - (int64_t)xoff) * 3,
                (size_t)(x1 - x0) * 3);
-    int ok = place(padded, padded_line, (int)bh, (int)bw, (int)box.flip, out, out_h, out_w, s);
+    int ok = place(padded, padded_line, down, across, (int)box.flip, out, out_h, out_w, s);
     free(padded);
     return ok ? CROP_OK : CROP_MEMORY;
 }
