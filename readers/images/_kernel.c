@@ -40,6 +40,7 @@ enum {
     CROP_MEMORY = 3,
 };
 
+enum { SLACK = 16 }; /* bytes readable after any source row: the SIMD resize loads 16 */
 enum { MAX_SCANS = 500 }; /* libjpeg-turbo's TJFLAG_LIMITSCANS: bounds a progressive decode */
 
 /* --- markers: readers.images.jpeg.jpeg_header, byte for byte ----------------------------- */
@@ -322,9 +323,9 @@ static int make_taps(Taps *t, Span span, int out) {
 static uint8_t clamp8(int32_t v) { return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v; }
 
 /* Rows of `src` (`stride` bytes apart, `width` RGB pixels) resized horizontally into `dst`
- * (t->size outputs a row, packed), mirrored when `flip`. */
+ * (out_w pixels a row, packed). */
 static void resize_rows(const uint8_t *src, size_t stride, int rows, const Taps *t, int out_w,
-                        uint8_t *dst, size_t dst_stride, int flip) {
+                        uint8_t *dst, size_t dst_stride) {
     const int32_t bias = t->precision > 0 ? 1 << (t->precision - 1) : 0;
     for (int y = 0; y < rows; y++) {
         const uint8_t *line = src + (size_t)y * stride;
@@ -338,7 +339,7 @@ static void resize_rows(const uint8_t *src, size_t stride, int rows, const Taps 
                 g += p[1] * k[j];
                 b += p[2] * k[j];
             }
-            uint8_t *q = o + (size_t)(flip ? out_w - 1 - x : x) * 3;
+            uint8_t *q = o + (size_t)x * 3;
             q[0] = clamp8(r >> t->precision);
             q[1] = clamp8(g >> t->precision);
             q[2] = clamp8(b >> t->precision);
@@ -347,9 +348,9 @@ static void resize_rows(const uint8_t *src, size_t stride, int rows, const Taps 
 }
 
 /* Columns resized: output row y of `dst` from rows t->first[y]... of `src` (`n` bytes a row,
- * `stride` apart); `acc` holds n int32. Mirrored (pixels reversed) when `flip`. */
+ * `stride` apart); `acc` holds n int32. */
 static void resize_columns(const uint8_t *src, size_t stride, size_t n, const Taps *t, int out_h,
-                           uint8_t *dst, size_t dst_stride, int flip, int32_t *acc) {
+                           uint8_t *dst, size_t dst_stride, int32_t *acc) {
     const int32_t bias = t->precision > 0 ? 1 << (t->precision - 1) : 0;
     for (int y = 0; y < out_h; y++) {
         const int16_t *k = t->weights + (size_t)y * t->taps;
@@ -360,14 +361,139 @@ static void resize_columns(const uint8_t *src, size_t stride, size_t n, const Ta
             for (size_t i = 0; i < n; i++) acc[i] += line[i] * kj;
         }
         uint8_t *o = dst + (size_t)y * dst_stride;
-        if (!flip) {
-            for (size_t i = 0; i < n; i++) o[i] = clamp8(acc[i] >> t->precision);
-        } else {
-            for (size_t x = 0; x < n / 3; x++)
-                for (int c = 0; c < 3; c++)
-                    o[(n / 3 - 1 - x) * 3 + c] = clamp8(acc[x * 3 + c] >> t->precision);
+        for (size_t i = 0; i < n; i++) o[i] = clamp8(acc[i] >> t->precision);
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_SSE41 1
+
+/* Two int16 weights in each int32 lane, as _mm_madd_epi16 pairs them. */
+#define PAIR(a, b) _mm_set1_epi32((int)((uint32_t)(uint16_t)(a) | ((uint32_t)(uint16_t)(b) << 16)))
+
+/* resize_rows with SSE4.1, the same integers (Pillow-SIMD's pairing of taps, as torch's AVX
+ * kernel): reads up to 4 bytes past a row's last pixel (SLACK). Not mirrored. */
+__attribute__((target("sse4.1"))) static void resize_rows_sse41(const uint8_t *src, size_t stride,
+                                                               int rows, const Taps *t, int out_w,
+                                                               uint8_t *dst, size_t dst_stride) {
+    const __m128i bias = _mm_set1_epi32(t->precision > 0 ? 1 << (t->precision - 1) : 0);
+    const __m128i shift = _mm_cvtsi32_si128(t->precision);
+    const __m128i two = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    const __m128i two_hi = _mm_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
+    const __m128i one = _mm_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, -1, -1, -1, -1);
+    for (int y = 0; y < rows; y++) {
+        const uint8_t *line = src + (size_t)y * stride;
+        uint8_t *o = dst + (size_t)y * dst_stride;
+        for (int x = 0; x < out_w; x++) {
+            const int16_t *k = t->weights + (size_t)x * t->taps;
+            const uint8_t *p = line + (size_t)t->first[x] * 3;
+            const int size = t->size[x];
+            __m128i acc = bias;
+            int j = 0;
+            for (; j + 3 < size; j += 4) {
+                __m128i px = _mm_loadu_si128((const __m128i *)(p + j * 3));
+                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(px, two), PAIR(k[j], k[j + 1])));
+                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(px, two_hi), PAIR(k[j + 2], k[j + 3])));
+            }
+            for (; j + 1 < size; j += 2) {
+                __m128i px = _mm_loadl_epi64((const __m128i *)(p + j * 3));
+                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(px, two), PAIR(k[j], k[j + 1])));
+            }
+            if (j < size) {
+                int32_t v;
+                memcpy(&v, p + j * 3, 4);
+                __m128i px = _mm_cvtsi32_si128(v);
+                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(px, one), PAIR(k[j], 0)));
+            }
+            acc = _mm_sra_epi32(acc, shift);
+            acc = _mm_packus_epi16(_mm_packs_epi32(acc, acc), acc);
+            int32_t rgb = _mm_cvtsi128_si32(acc);
+            memcpy(o + (size_t)x * 3, &rgb, 3);
         }
     }
+}
+
+/* resize_columns with SSE4.1: 16 bytes of a row at a time, two taps per _mm_madd_epi16. */
+__attribute__((target("sse4.1"))) static void resize_columns_sse41(const uint8_t *src, size_t stride,
+                                                                  size_t n, const Taps *t, int out_h,
+                                                                  uint8_t *dst, size_t dst_stride,
+                                                                  int32_t *acc) {
+    const int32_t bias32 = t->precision > 0 ? 1 << (t->precision - 1) : 0;
+    const __m128i bias = _mm_set1_epi32(bias32), zero = _mm_setzero_si128();
+    const __m128i shift = _mm_cvtsi32_si128(t->precision);
+    for (int y = 0; y < out_h; y++) {
+        const int16_t *k = t->weights + (size_t)y * t->taps;
+        const uint8_t *rows = src + (size_t)t->first[y] * stride;
+        const int size = t->size[y];
+        uint8_t *o = dst + (size_t)y * dst_stride;
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            __m128i s0 = bias, s1 = bias, s2 = bias, s3 = bias;
+            for (int j = 0; j < size; j += 2) {
+                __m128i a = _mm_loadu_si128((const __m128i *)(rows + (size_t)j * stride + i));
+                __m128i b = j + 1 < size ? _mm_loadu_si128((const __m128i *)(rows + (size_t)(j + 1) * stride + i))
+                                         : zero;
+                __m128i kk = PAIR(k[j], j + 1 < size ? k[j + 1] : 0);
+                __m128i lo = _mm_unpacklo_epi8(a, b), hi = _mm_unpackhi_epi8(a, b);
+                s0 = _mm_add_epi32(s0, _mm_madd_epi16(_mm_unpacklo_epi8(lo, zero), kk));
+                s1 = _mm_add_epi32(s1, _mm_madd_epi16(_mm_unpackhi_epi8(lo, zero), kk));
+                s2 = _mm_add_epi32(s2, _mm_madd_epi16(_mm_unpacklo_epi8(hi, zero), kk));
+                s3 = _mm_add_epi32(s3, _mm_madd_epi16(_mm_unpackhi_epi8(hi, zero), kk));
+            }
+            s0 = _mm_sra_epi32(s0, shift);
+            s1 = _mm_sra_epi32(s1, shift);
+            s2 = _mm_sra_epi32(s2, shift);
+            s3 = _mm_sra_epi32(s3, shift);
+            __m128i packed = _mm_packus_epi16(_mm_packs_epi32(s0, s1), _mm_packs_epi32(s2, s3));
+            _mm_storeu_si128((__m128i *)(o + i), packed);
+        }
+        if (i < n) { /* the last bytes of the row, as resize_columns does them */
+            for (size_t q = i; q < n; q++) acc[q] = bias32;
+            for (int j = 0; j < size; j++) {
+                const uint8_t *line = rows + (size_t)j * stride;
+                for (size_t q = i; q < n; q++) acc[q] += line[q] * k[j];
+            }
+            for (size_t q = i; q < n; q++) o[q] = clamp8(acc[q] >> t->precision);
+        }
+    }
+}
+#endif
+
+static int use_simd = 0; /* set at import where the CPU has SSE4.1 */
+
+static void flip_rows(uint8_t *dst, size_t dst_stride, int rows, int width) {
+    for (int y = 0; y < rows; y++) {
+        uint8_t *a = dst + (size_t)y * dst_stride, *b = a + (size_t)(width - 1) * 3;
+        for (; a < b; a += 3, b -= 3)
+            for (int c = 0; c < 3; c++) {
+                uint8_t v = a[c];
+                a[c] = b[c];
+                b[c] = v;
+            }
+    }
+}
+
+static void resize_across(const uint8_t *src, size_t stride, int rows, const Taps *t, int out_w,
+                          uint8_t *dst, size_t dst_stride) {
+#ifdef HAVE_SSE41
+    if (use_simd) {
+        resize_rows_sse41(src, stride, rows, t, out_w, dst, dst_stride);
+        return;
+    }
+#endif
+    resize_rows(src, stride, rows, t, out_w, dst, dst_stride);
+}
+
+static void resize_down(const uint8_t *src, size_t stride, size_t n, const Taps *t, int out_h,
+                        uint8_t *dst, size_t dst_stride, int32_t *acc) {
+#ifdef HAVE_SSE41
+    if (use_simd) {
+        resize_columns_sse41(src, stride, n, t, out_h, dst, dst_stride, acc);
+        return;
+    }
+#endif
+    resize_columns(src, stride, n, t, out_h, dst, dst_stride, acc);
 }
 
 /* --- one thread's slice ------------------------------------------------------------------ */
@@ -399,6 +525,7 @@ typedef struct {
 } Scratch;
 
 static int grow(void **buffer, size_t *have, size_t need) {
+    need += SLACK;
     if (*have >= need) return 1;
     void *grown = realloc(*buffer, need);
     if (grown == NULL) return 0;
@@ -426,8 +553,8 @@ static int place(const uint8_t *src, size_t stride, Span down_span, Span across_
                  uint8_t *out, int out_h, int out_w, Scratch *s) {
     size_t out_stride = (size_t)out_w * 3;
     int bh = down_span.in, bw = across_span.in;
-    int resize_across = !is_copy(across_span, out_w), resize_down = !is_copy(down_span, out_h);
-    if (!resize_across && !resize_down) {
+    int across_n = !is_copy(across_span, out_w), down_n = !is_copy(down_span, out_h);
+    if (!across_n && !down_n) {
         for (int y = 0; y < bh; y++) {
             const uint8_t *line = src + (size_t)y * stride;
             uint8_t *o = out + (size_t)y * out_stride;
@@ -439,23 +566,24 @@ static int place(const uint8_t *src, size_t stride, Span down_span, Span across_
     }
     Taps across = {0}, down = {0};
     int ok = 1;
-    if (resize_across) ok = make_taps(&across, across_span, out_w);
-    if (ok && resize_down) ok = make_taps(&down, down_span, out_h);
-    if (ok && resize_across && resize_down) {
+    if (across_n) ok = make_taps(&across, across_span, out_w);
+    if (ok && down_n) ok = make_taps(&down, down_span, out_h);
+    if (ok && across_n && down_n) {
         ok = grow((void **)&s->box, &s->box_n, (size_t)bh * out_stride) &&
              grow((void **)&s->acc, &s->acc_n, out_stride * sizeof(int32_t));
         if (ok) {
-            resize_rows(src, stride, bh, &across, out_w, s->box, out_stride, 0);
-            resize_columns(s->box, out_stride, out_stride, &down, out_h, out, out_stride, flip, s->acc);
+            resize_across(src, stride, bh, &across, out_w, s->box, out_stride);
+            resize_down(s->box, out_stride, out_stride, &down, out_h, out, out_stride, s->acc);
         }
-    } else if (ok && resize_across) {
-        resize_rows(src, stride, bh, &across, out_w, out, out_stride, flip);
+    } else if (ok && across_n) {
+        resize_across(src, stride, bh, &across, out_w, out, out_stride);
     } else if (ok) {
         ok = grow((void **)&s->acc, &s->acc_n, out_stride * sizeof(int32_t));
-        if (ok) resize_columns(src, stride, out_stride, &down, out_h, out, out_stride, flip, s->acc);
+        if (ok) resize_down(src, stride, out_stride, &down, out_h, out, out_stride, s->acc);
     }
-    if (resize_across) free_taps(&across);
-    if (resize_down) free_taps(&down);
+    if (ok && flip) flip_rows(out, out_stride, out_h, out_w);
+    if (across_n) free_taps(&across);
+    if (down_n) free_taps(&down);
     return ok;
 }
 
@@ -548,7 +676,7 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
         return CROP_OK;
     }
     size_t padded_line = (size_t)bw * 3, padded_n = (size_t)bh * padded_line;
-    uint8_t *padded = malloc(padded_n ? padded_n : 1);
+    uint8_t *padded = malloc(padded_n + SLACK);
     if (padded == NULL) return CROP_MEMORY;
     memset(padded, 0, padded_n);
     for (int64_t y = y0; any && y < y1; y++)
@@ -648,7 +776,21 @@ static PyObject *crop(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* For the tests: the plain C resize where the CPU would take the SSE4.1 one. */
+static PyObject *set_simd(PyObject *self, PyObject *arg) {
+    (void)self;
+    int before = use_simd, want = PyObject_IsTrue(arg);
+    if (want < 0) return NULL;
+#ifdef HAVE_SSE41
+    use_simd = want && __builtin_cpu_supports("sse4.1");
+#endif
+    return PyBool_FromLong(before);
+}
+
 static PyMethodDef methods[] = {
+    {"set_simd", set_simd, METH_O,
+     "set_simd(on) -> bool: whether the resize uses SSE4.1 (where the CPU has it) from now "
+     "on; returns the previous setting. Both give the same pixels (the tests check)."},
     {"headers", headers, METH_VARARGS,
      "headers(values, out): int64 [n, 8] (parsed, width, height, orientation, frame marker, "
      "precision, components, complete) from each value's JPEG markers; zeros for a value "
@@ -666,6 +808,10 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__kernel(void) {
+#ifdef HAVE_SSE41
+    __builtin_cpu_init();
+    use_simd = __builtin_cpu_supports("sse4.1") != 0;
+#endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "HEADER_FIELDS", HEADER_FIELDS) < 0 ||
