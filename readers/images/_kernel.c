@@ -631,12 +631,18 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
     int64_t y0 = top > 0 ? top : 0, y1 = top + bh < H ? top + bh : H;
     int64_t x0 = left > 0 ? left : 0, x1 = left + bw < W ? left + bw : W;
     int any = y1 > y0 && x1 > x0;
-    /* Decode one pixel more on each side, so fancy upsampling sees the full decode's. */
+    /* Decode one pixel more on each side, so fancy upsampling sees the full decode's, and
+     * at least two iMCU columns (16 pixels): libjpeg upsamples a component of 2 columns or
+     * fewer without its fancy filter, which would change the whole crop. */
     JDIMENSION xoff = 0, xwidth = (JDIMENSION)W;
     if (any) {
-        JDIMENSION from = (JDIMENSION)(x0 > 0 ? x0 - 1 : 0), to = (JDIMENSION)(x1 < W ? x1 + 1 : W);
-        xoff = from;
-        xwidth = to - from;
+        int64_t from = x0 > 0 ? x0 - 1 : 0, to = x1 < W ? x1 + 1 : W;
+        int64_t least = 2 * (int64_t)cinfo->max_h_samp_factor * cinfo->min_DCT_scaled_size;
+        if (least < 16) least = 16;
+        if (to - from < least) to = from + least < W ? from + least : W;
+        if (to - from < least) from = to - least > 0 ? to - least : 0;
+        xoff = (JDIMENSION)from;
+        xwidth = (JDIMENSION)(to - from);
         if (xwidth < (JDIMENSION)W) jpeg_crop_scanline(cinfo, &xoff, &xwidth);
         else xoff = 0, xwidth = (JDIMENSION)W;
     }
