@@ -7,10 +7,15 @@ or resized with torch's antialiased bilinear (torchvision's ``resize`` of uint8 
 and mirrored by the copy. Without DCT scaling the pixels equal a full decode followed by
 the same crop and resize on the tensor; with it they differ by a few levels.
 
-The fast path (libjpeg-turbo through :mod:`readers.images.turbo`) takes upright, complete
-JPEGs; everything else, and any JPEG libjpeg-turbo fails or warns on, is decoded by
-:func:`readers.decode_image` (PyTurboJPEG, else Pillow: the same judge of damaged files
-as every other path) and cropped from its pixels.
+Upright, complete baseline/progressive JPEGs go to the compiled kernel
+(:mod:`readers.images.kernel`): one call per decode thread for its slice of the batch, the
+GIL released, only the box decoded; it places a DCT-scaled box at its exact (fractional)
+position, so it comes closer to the full decode than the rounded box below. The Python
+path, for everything else and wherever the kernel is missing or refuses a sample: other
+upright JPEGs through libjpeg-turbo (:mod:`readers.images.turbo`); everything else, and any
+JPEG libjpeg-turbo fails or warns on, decoded by :func:`readers.decode_image` (PyTurboJPEG,
+else Pillow: the same judge of damaged files as every other path) and cropped from its
+pixels.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from PIL import Image
 from readers.images.crop import Crop
 from readers.images.decode import check_pixels, decode_image, decoder_name
 from readers.images.jpeg import JPEG_EOI, is_jpeg, jpeg_header
-from readers.images.kernel import HEIGHT, WIDTH, crop_kernel, crop_rows, jpeg_headers, kernel_decodes
+from readers.images.kernel import (
+    HEIGHT,
+    WIDTH,
+    crop_kernel,
+    crop_rows,
+    jpeg_headers,
+    kernel_decodes,
+)
 from readers.images.turbo import TurboDecoder, turbo_decoder
 from readers.spec import DatasetError
 
