@@ -1,6 +1,6 @@
 """The package metadata lives in setup.cfg; here only the optional compiled crop kernel.
 
-``readers/images/_kernel.c`` needs a C compiler, Python's headers and libjpeg's
+``readers/images/jpegcrop.c`` needs a C compiler, Python's headers and libjpeg's
 (``libjpeg62-turbo-dev`` on Debian). Where it cannot be built the package installs all the
 same, with a warning, and crops decode through the Python path
 (:mod:`readers.images.kernel` says so once at run time).
@@ -10,8 +10,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 KERNEL = Extension(
-    "readers.images._kernel",
-    sources=["readers/images/_kernel.c"],
+    "readers.images.jpegcrop",
+    sources=["readers/images/jpegcrop.c"],
     libraries=["jpeg"],
     # -ffp-contract=off: the resize weights must be the doubles torch computes (no FMA)
     extra_compile_args=["-O3", "-ffp-contract=off"],

@@ -295,7 +295,7 @@ class ImageDataset(Dataset):
             rows.numpy(),
             self._map,
             lambda row: f"{self.manifest.shard_path(located[row][0])}[{located[row][1]}]",
-            self._threads(),
+            self.decode_threads or default_decode_threads(),
         )
 
     def _to_tensor(self, value: Any, shard: int, local: int) -> torch.Tensor:
@@ -324,11 +324,7 @@ class ImageDataset(Dataset):
 
     def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         """``[fn(x) for x in items]`` on the decode threads."""
-        return self._pool.map(fn, items, self._threads())
-
-    def _threads(self) -> int:
-        """How many threads decode a batch in this process."""
-        return self.decode_threads or default_decode_threads()
+        return self._pool.map(fn, items, self.decode_threads or default_decode_threads())
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()  # handles and threads never cross processes

@@ -1,4 +1,4 @@
-"""The compiled crop kernel (``readers/images/_kernel.c``): the pixels of a full decode
+"""The compiled crop kernel (``readers/images/jpegcrop.c``): the pixels of a full decode
 followed by the same box, torch's antialiased resize and flip, exactly (within a stated
 tolerance when the box decodes DCT-scaled); the Python path's verdict on every damaged file;
 batches that do not depend on the decode threads; a C file that compiles warning-free."""
@@ -30,7 +30,7 @@ from readers.images.jpeg import jpeg_header
 from tests.photos import encode, photo_crop
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL_C = ROOT / "readers" / "images" / "_kernel.c"
+KERNEL_C = ROOT / "readers" / "images" / "jpegcrop.c"
 
 needs_kernel = pytest.mark.skipif(
     kernel.crop_kernel() is None,
@@ -414,7 +414,7 @@ def test_without_the_kernel_crops_take_the_python_path_with_one_notice(how: str)
     assert kernel_run.returncode == 0, kernel_run.stderr
     assert kernel_run.stdout.split()[:2] == ["turbojpeg", "turbojpeg+kernel"]
     if how == "not built":  # as if the extension had not compiled
-        run = _child(CROP_TWICE.format(setup='sys.modules["readers.images._kernel"] = None'))
+        run = _child(CROP_TWICE.format(setup='sys.modules["readers.images.jpegcrop"] = None'))
         notice = "the crop kernel is not built"
     else:
         run = _child(CROP_TWICE.format(setup=""), IMGPACK_KERNEL="0")

@@ -1,4 +1,4 @@
-"""The compiled crop kernel (``readers/images/_kernel.c``), when it was built.
+"""The compiled crop kernel (``readers/images/jpegcrop.c``), when it was built.
 
 Two calls per batch, neither holding the GIL: :func:`jpeg_headers` reads every sample's
 JPEG markers at once (what :func:`readers.images.jpeg.jpeg_header` reads, plus the frame's
@@ -50,11 +50,11 @@ def crop_kernel() -> ModuleType | None:
         log.info("%s=0: crops decode through the Python path", KERNEL_ENV)
         return None
     try:
-        from readers.images import _kernel
+        from readers.images import jpegcrop
     except ImportError as e:
         log.warning("the crop kernel is not built (%s); crops decode through the Python path", e)
         return None
-    return _kernel
+    return jpegcrop
 
 
 def jpeg_headers(kernel: ModuleType, values: Sequence[Any]) -> np.ndarray:

@@ -809,11 +809,11 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_kernel", "The compiled JPEG crop kernel (see readers.images.kernel).",
+    PyModuleDef_HEAD_INIT, "jpegcrop", "The compiled JPEG crop kernel (see readers.images.kernel).",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__kernel(void) {
+PyMODINIT_FUNC PyInit_jpegcrop(void) {
 #ifdef HAVE_SSE41
     __builtin_cpu_init();
     use_simd = __builtin_cpu_supports("sse4.1") != 0;
