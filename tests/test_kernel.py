@@ -379,11 +379,15 @@ def test_batches_do_not_depend_on_decode_threads(jpeg_dataset: Path, crop) -> No
     assert torch.equal(batches[0], batches[1])
 
 
+# `make asan` preloads AddressSanitizer's runtime; a child needs it too to load the kernel.
+_SANITIZER = {k: v for k, v in os.environ.items() if k in ("LD_PRELOAD", "ASAN_OPTIONS")}
+
+
 def _child(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         cwd=ROOT,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env},
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_SANITIZER, **env},
         capture_output=True,
         text=True,
         timeout=120,
