@@ -370,7 +370,10 @@ static void resize_columns(const uint8_t *src, size_t stride, size_t n, const Ta
 #define HAVE_SSE41 1
 
 /* Two int16 weights in each int32 lane, as _mm_madd_epi16 pairs them. */
-#define PAIR(a, b) _mm_set1_epi32((int)((uint32_t)(uint16_t)(a) | ((uint32_t)(uint16_t)(b) << 16)))
+#define PAIR(a, b) _mm_set1_epi32(pair(a, b))
+#define PAIR256(a, b) _mm256_set1_epi32(pair(a, b))
+
+static int pair(int16_t a, int16_t b) { return (int)((uint32_t)(uint16_t)a | ((uint32_t)(uint16_t)b << 16)); }
 
 /* resize_rows with SSE4.1, the same integers (Pillow-SIMD's pairing of taps, as torch's AVX
  * kernel): reads up to 4 bytes past a row's last pixel (SLACK). Not mirrored. */
@@ -458,9 +461,126 @@ __attribute__((target("sse4.1"))) static void resize_columns_sse41(const uint8_t
         }
     }
 }
+
+/* resize_rows_sse41 on two rows at once, one in each 128-bit lane (torch's AVX2 kernel does
+ * the same); the same integers. */
+__attribute__((target("avx2"))) static void resize_rows_avx2(const uint8_t *src, size_t stride,
+                                                            int rows, const Taps *t, int out_w,
+                                                            uint8_t *dst, size_t dst_stride) {
+    const __m256i bias = _mm256_set1_epi32(t->precision > 0 ? 1 << (t->precision - 1) : 0);
+    const __m128i shift = _mm_cvtsi32_si128(t->precision);
+    const __m256i two = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
+                                          0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    const __m256i two_hi = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1,
+                                             6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
+    const __m256i one = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, -1, -1, -1, -1,
+                                          0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, -1, -1, -1, -1);
+    int y = 0;
+    for (; y + 1 < rows; y += 2) {
+        const uint8_t *line0 = src + (size_t)y * stride, *line1 = line0 + stride;
+        uint8_t *o0 = dst + (size_t)y * dst_stride, *o1 = o0 + dst_stride;
+        for (int x = 0; x < out_w; x++) {
+            const int16_t *k = t->weights + (size_t)x * t->taps;
+            const size_t at = (size_t)t->first[x] * 3;
+            const uint8_t *p0 = line0 + at, *p1 = line1 + at;
+            const int size = t->size[x];
+            __m256i acc = bias;
+            int j = 0;
+            for (; j + 3 < size; j += 4) {
+                __m256i px = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + j * 3))),
+                    _mm_loadu_si128((const __m128i *)(p1 + j * 3)), 1);
+                __m256i k01 = PAIR256(k[j], k[j + 1]);
+                __m256i k23 = PAIR256(k[j + 2], k[j + 3]);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two), k01));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two_hi), k23));
+            }
+            for (; j + 1 < size; j += 2) {
+                __m256i px = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p0 + j * 3))),
+                    _mm_loadl_epi64((const __m128i *)(p1 + j * 3)), 1);
+                acc = _mm256_add_epi32(
+                    acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two), PAIR256(k[j], k[j + 1])));
+            }
+            if (j < size) {
+                int32_t v0, v1;
+                memcpy(&v0, p0 + j * 3, 4);
+                memcpy(&v1, p1 + j * 3, 4);
+                __m256i px = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_cvtsi32_si128(v0)),
+                                                     _mm_cvtsi32_si128(v1), 1);
+                acc = _mm256_add_epi32(
+                    acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, one), PAIR256(k[j], 0)));
+            }
+            acc = _mm256_sra_epi32(acc, shift);
+            acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);
+            int32_t rgb0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
+            int32_t rgb1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
+            memcpy(o0 + (size_t)x * 3, &rgb0, 3);
+            memcpy(o1 + (size_t)x * 3, &rgb1, 3);
+        }
+    }
+    if (y < rows)
+        resize_rows_sse41(src + (size_t)y * stride, stride, rows - y, t, out_w, dst + (size_t)y * dst_stride,
+                          dst_stride);
+}
+
+/* resize_columns_sse41 32 bytes at a time (the unpacks and packs stay within each 128-bit
+ * lane, so the bytes come out in order). */
+__attribute__((target("avx2"))) static void resize_columns_avx2(const uint8_t *src, size_t stride,
+                                                               size_t n, const Taps *t, int out_h,
+                                                               uint8_t *dst, size_t dst_stride,
+                                                               int32_t *acc) {
+    const __m256i bias = _mm256_set1_epi32(t->precision > 0 ? 1 << (t->precision - 1) : 0);
+    const __m256i zero = _mm256_setzero_si256();
+    const __m128i shift = _mm_cvtsi32_si128(t->precision);
+    const size_t wide = n / 32 * 32;
+    for (int y = 0; y < out_h; y++) {
+        const int16_t *k = t->weights + (size_t)y * t->taps;
+        const uint8_t *rows = src + (size_t)t->first[y] * stride;
+        const int size = t->size[y];
+        uint8_t *o = dst + (size_t)y * dst_stride;
+        for (size_t i = 0; i < wide; i += 32) {
+            __m256i s0 = bias, s1 = bias, s2 = bias, s3 = bias;
+            for (int j = 0; j < size; j += 2) {
+                __m256i a = _mm256_loadu_si256((const __m256i *)(rows + (size_t)j * stride + i));
+                __m256i b = j + 1 < size
+                                ? _mm256_loadu_si256((const __m256i *)(rows + (size_t)(j + 1) * stride + i))
+                                : zero;
+                __m256i kk = PAIR256(k[j], j + 1 < size ? k[j + 1] : 0);
+                __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
+                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), kk));
+                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), kk));
+                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), kk));
+                s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), kk));
+            }
+            s0 = _mm256_sra_epi32(s0, shift);
+            s1 = _mm256_sra_epi32(s1, shift);
+            s2 = _mm256_sra_epi32(s2, shift);
+            s3 = _mm256_sra_epi32(s3, shift);
+            __m256i packed = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
+            _mm256_storeu_si256((__m256i *)(o + i), packed);
+        }
+        if (wide < n) { /* the rest of the row, 16 bytes and then single ones, as SSE4.1 does */
+            Taps one_row = *t;
+            one_row.first = t->first + y;
+            one_row.size = t->size + y;
+            one_row.weights = t->weights + (size_t)y * t->taps;
+            resize_columns_sse41(src + wide, stride, n - wide, &one_row, 1, o + wide, dst_stride, acc);
+        }
+    }
+}
 #endif
 
-static int use_simd = 0; /* set at import where the CPU has SSE4.1 */
+/* The resize's instructions: 0 plain C, 1 SSE4.1, 2 AVX2; the best the CPU has, at import. */
+static int use_simd = 0;
+
+static int best_simd(void) {
+#ifdef HAVE_SSE41
+    if (__builtin_cpu_supports("avx2")) return 2;
+    if (__builtin_cpu_supports("sse4.1")) return 1;
+#endif
+    return 0;
+}
 
 static void flip_rows(uint8_t *dst, size_t dst_stride, int rows, int width) {
     for (int y = 0; y < rows; y++) {
@@ -477,7 +597,11 @@ static void flip_rows(uint8_t *dst, size_t dst_stride, int rows, int width) {
 static void resize_across(const uint8_t *src, size_t stride, int rows, const Taps *t, int out_w,
                           uint8_t *dst, size_t dst_stride) {
 #ifdef HAVE_SSE41
-    if (use_simd) {
+    if (use_simd == 2) {
+        resize_rows_avx2(src, stride, rows, t, out_w, dst, dst_stride);
+        return;
+    }
+    if (use_simd == 1) {
         resize_rows_sse41(src, stride, rows, t, out_w, dst, dst_stride);
         return;
     }
@@ -488,7 +612,11 @@ static void resize_across(const uint8_t *src, size_t stride, int rows, const Tap
 static void resize_down(const uint8_t *src, size_t stride, size_t n, const Taps *t, int out_h,
                         uint8_t *dst, size_t dst_stride, int32_t *acc) {
 #ifdef HAVE_SSE41
-    if (use_simd) {
+    if (use_simd == 2) {
+        resize_columns_avx2(src, stride, n, t, out_h, dst, dst_stride, acc);
+        return;
+    }
+    if (use_simd == 1) {
         resize_columns_sse41(src, stride, n, t, out_h, dst, dst_stride, acc);
         return;
     }
@@ -782,21 +910,21 @@ static PyObject *crop(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* For the tests: the plain C resize where the CPU would take the SSE4.1 one. */
+/* For the tests: a resize with fewer instructions than the CPU has (all give the same pixels). */
 static PyObject *set_simd(PyObject *self, PyObject *arg) {
     (void)self;
-    int before = use_simd, want = PyObject_IsTrue(arg);
-    if (want < 0) return NULL;
-#ifdef HAVE_SSE41
-    use_simd = want && __builtin_cpu_supports("sse4.1");
-#endif
-    return PyBool_FromLong(before);
+    long want = PyLong_AsLong(arg);
+    if (want == -1 && PyErr_Occurred()) return NULL;
+    int before = use_simd, best = best_simd();
+    use_simd = want < 0 ? 0 : want > best ? best : (int)want;
+    return PyLong_FromLong(before);
 }
 
 static PyMethodDef methods[] = {
     {"set_simd", set_simd, METH_O,
-     "set_simd(on) -> bool: whether the resize uses SSE4.1 (where the CPU has it) from now "
-     "on; returns the previous setting. Both give the same pixels (the tests check)."},
+     "set_simd(level) -> int: the resize's instructions from now on, 0 plain C, 1 SSE4.1, "
+     "2 AVX2 (at most what the CPU has); returns the previous level. All give the same pixels "
+     "(the tests check)."},
     {"headers", headers, METH_VARARGS,
      "headers(values, out): int64 [n, 8] (parsed, width, height, orientation, frame marker, "
      "precision, components, complete) from each value's JPEG markers; zeros for a value "
@@ -816,11 +944,12 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit_jpegcrop(void) {
 #ifdef HAVE_SSE41
     __builtin_cpu_init();
-    use_simd = __builtin_cpu_supports("sse4.1") != 0;
 #endif
+    use_simd = best_simd();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "HEADER_FIELDS", HEADER_FIELDS) < 0 ||
+        PyModule_AddIntConstant(m, "SIMD", use_simd) < 0 ||
         PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION", LIBJPEG_TURBO_VERSION_NUMBER) < 0) {
         Py_DECREF(m);
         return NULL;
