@@ -60,6 +60,7 @@ __all__ = [
     "decoder_name",
     "encode_jpeg",
     "orient",
+    "pixel_limit",
 ]
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,12 @@ def _prefix(name: str) -> str:
     return f"{name}: " if name else ""
 
 
+def pixel_limit(max_pixels: int | None) -> int | None:
+    """The decompression-bomb limit in force: ``max_pixels``, or without one Pillow's
+    ``PIL.Image.MAX_IMAGE_PIXELS`` (read now); None (or ``max_pixels=0``) for none."""
+    return Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels or None
+
+
 def check_pixels(width: int, height: int, name: str, max_pixels: int | None) -> None:
     """Refuse a decompression bomb: over ``max_pixels``, or without one over Pillow's
     limit, read per call so that a program raising it is obeyed. Shared by the Pillow,
@@ -212,7 +219,7 @@ def check_pixels(width: int, height: int, name: str, max_pixels: int | None) -> 
     Raises:
         ImageTooLargeError: ``width * height`` is over the limit.
     """
-    limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels or None
+    limit = pixel_limit(max_pixels)
     if limit is not None and width * height > limit:
         origin = "PIL.Image.MAX_IMAGE_PIXELS; " if max_pixels is None else ""
         raise ImageTooLargeError(

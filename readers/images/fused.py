@@ -26,10 +26,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
 from readers.images.crop import Crop
-from readers.images.decode import check_pixels, decode_image, decoder_name
+from readers.images.decode import check_pixels, decode_image, decoder_name, pixel_limit
 from readers.images.jpeg import JPEG_EOI, is_jpeg, jpeg_header
 from readers.images.kernel import (
     HEIGHT,
@@ -183,8 +182,7 @@ def crop_batch(
     fast = np.zeros(n, dtype=bool)
     if kernel is not None:
         headers = jpeg_headers(kernel, values)
-        limit = Image.MAX_IMAGE_PIXELS  # over it: the Python path raises as check_pixels does
-        fast = kernel_decodes(headers, None if limit is None else int(limit))
+        fast = kernel_decodes(headers, pixel_limit(None))  # over it: probe() raises
         sizes[:, 0], sizes[:, 1] = headers[:, HEIGHT], headers[:, WIDTH]
     found: list[Probe | None] = [None] * n
     for row in np.flatnonzero(~fast):

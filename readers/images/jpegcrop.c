@@ -367,103 +367,16 @@ static void resize_columns(const uint8_t *src, size_t stride, size_t n, const Ta
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#define HAVE_SSE41 1
+#define HAVE_AVX2 1
 
 /* Two int16 weights in each int32 lane, as _mm_madd_epi16 pairs them. */
-#define PAIR(a, b) _mm_set1_epi32(pair(a, b))
 #define PAIR256(a, b) _mm256_set1_epi32(pair(a, b))
 
 static int pair(int16_t a, int16_t b) { return (int)((uint32_t)(uint16_t)a | ((uint32_t)(uint16_t)b << 16)); }
 
-/* resize_rows with SSE4.1, the same integers (Pillow-SIMD's pairing of taps, as torch's AVX
- * kernel): reads up to 4 bytes past a row's last pixel (SLACK). Not mirrored. */
-__attribute__((target("sse4.1"))) static void resize_rows_sse41(const uint8_t *src, size_t stride,
-                                                               int rows, const Taps *t, int out_w,
-                                                               uint8_t *dst, size_t dst_stride) {
-    const __m128i bias = _mm_set1_epi32(t->precision > 0 ? 1 << (t->precision - 1) : 0);
-    const __m128i shift = _mm_cvtsi32_si128(t->precision);
-    const __m128i two = _mm_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
-    const __m128i two_hi = _mm_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
-    const __m128i one = _mm_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, -1, -1, -1, -1);
-    for (int y = 0; y < rows; y++) {
-        const uint8_t *line = src + (size_t)y * stride;
-        uint8_t *o = dst + (size_t)y * dst_stride;
-        for (int x = 0; x < out_w; x++) {
-            const int16_t *k = t->weights + (size_t)x * t->taps;
-            const uint8_t *p = line + (size_t)t->first[x] * 3;
-            const int size = t->size[x];
-            __m128i acc = bias;
-            int j = 0;
-            for (; j + 3 < size; j += 4) {
-                __m128i px = _mm_loadu_si128((const __m128i *)(p + j * 3));
-                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(px, two), PAIR(k[j], k[j + 1])));
-                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(px, two_hi), PAIR(k[j + 2], k[j + 3])));
-            }
-            for (; j + 1 < size; j += 2) {
-                __m128i px = _mm_loadl_epi64((const __m128i *)(p + j * 3));
-                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(px, two), PAIR(k[j], k[j + 1])));
-            }
-            if (j < size) {
-                int32_t v;
-                memcpy(&v, p + j * 3, 4);
-                __m128i px = _mm_cvtsi32_si128(v);
-                acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_shuffle_epi8(px, one), PAIR(k[j], 0)));
-            }
-            acc = _mm_sra_epi32(acc, shift);
-            acc = _mm_packus_epi16(_mm_packs_epi32(acc, acc), acc);
-            int32_t rgb = _mm_cvtsi128_si32(acc);
-            memcpy(o + (size_t)x * 3, &rgb, 3);
-        }
-    }
-}
-
-/* resize_columns with SSE4.1: 16 bytes of a row at a time, two taps per _mm_madd_epi16. */
-__attribute__((target("sse4.1"))) static void resize_columns_sse41(const uint8_t *src, size_t stride,
-                                                                  size_t n, const Taps *t, int out_h,
-                                                                  uint8_t *dst, size_t dst_stride,
-                                                                  int32_t *acc) {
-    const int32_t bias32 = t->precision > 0 ? 1 << (t->precision - 1) : 0;
-    const __m128i bias = _mm_set1_epi32(bias32), zero = _mm_setzero_si128();
-    const __m128i shift = _mm_cvtsi32_si128(t->precision);
-    for (int y = 0; y < out_h; y++) {
-        const int16_t *k = t->weights + (size_t)y * t->taps;
-        const uint8_t *rows = src + (size_t)t->first[y] * stride;
-        const int size = t->size[y];
-        uint8_t *o = dst + (size_t)y * dst_stride;
-        size_t i = 0;
-        for (; i + 16 <= n; i += 16) {
-            __m128i s0 = bias, s1 = bias, s2 = bias, s3 = bias;
-            for (int j = 0; j < size; j += 2) {
-                __m128i a = _mm_loadu_si128((const __m128i *)(rows + (size_t)j * stride + i));
-                __m128i b = j + 1 < size ? _mm_loadu_si128((const __m128i *)(rows + (size_t)(j + 1) * stride + i))
-                                         : zero;
-                __m128i kk = PAIR(k[j], j + 1 < size ? k[j + 1] : 0);
-                __m128i lo = _mm_unpacklo_epi8(a, b), hi = _mm_unpackhi_epi8(a, b);
-                s0 = _mm_add_epi32(s0, _mm_madd_epi16(_mm_unpacklo_epi8(lo, zero), kk));
-                s1 = _mm_add_epi32(s1, _mm_madd_epi16(_mm_unpackhi_epi8(lo, zero), kk));
-                s2 = _mm_add_epi32(s2, _mm_madd_epi16(_mm_unpacklo_epi8(hi, zero), kk));
-                s3 = _mm_add_epi32(s3, _mm_madd_epi16(_mm_unpackhi_epi8(hi, zero), kk));
-            }
-            s0 = _mm_sra_epi32(s0, shift);
-            s1 = _mm_sra_epi32(s1, shift);
-            s2 = _mm_sra_epi32(s2, shift);
-            s3 = _mm_sra_epi32(s3, shift);
-            __m128i packed = _mm_packus_epi16(_mm_packs_epi32(s0, s1), _mm_packs_epi32(s2, s3));
-            _mm_storeu_si128((__m128i *)(o + i), packed);
-        }
-        if (i < n) { /* the last bytes of the row, as resize_columns does them */
-            for (size_t q = i; q < n; q++) acc[q] = bias32;
-            for (int j = 0; j < size; j++) {
-                const uint8_t *line = rows + (size_t)j * stride;
-                for (size_t q = i; q < n; q++) acc[q] += line[q] * k[j];
-            }
-            for (size_t q = i; q < n; q++) o[q] = clamp8(acc[q] >> t->precision);
-        }
-    }
-}
-
-/* resize_rows_sse41 on two rows at once, one in each 128-bit lane (torch's AVX2 kernel does
- * the same); the same integers. */
+/* resize_rows with AVX2 and the same integers: Pillow-SIMD's pairing of taps (as torch's
+ * AVX2 kernel), two rows at once, one in each 128-bit lane. Reads up to 4 bytes past a row's
+ * last pixel (SLACK). */
 __attribute__((target("avx2"))) static void resize_rows_avx2(const uint8_t *src, size_t stride,
                                                             int rows, const Taps *t, int out_w,
                                                             uint8_t *dst, size_t dst_stride) {
@@ -519,13 +432,11 @@ __attribute__((target("avx2"))) static void resize_rows_avx2(const uint8_t *src,
             memcpy(o1 + (size_t)x * 3, &rgb1, 3);
         }
     }
-    if (y < rows)
-        resize_rows_sse41(src + (size_t)y * stride, stride, rows - y, t, out_w, dst + (size_t)y * dst_stride,
-                          dst_stride);
+    if (y < rows) resize_rows(src + (size_t)y * stride, stride, rows - y, t, out_w, dst + (size_t)y * dst_stride, dst_stride);
 }
 
-/* resize_columns_sse41 32 bytes at a time (the unpacks and packs stay within each 128-bit
- * lane, so the bytes come out in order). */
+/* resize_columns with AVX2: 32 bytes of a row at a time, two taps per _mm256_madd_epi16 (the
+ * unpacks and packs stay within each 128-bit lane, so the bytes come out in order). */
 __attribute__((target("avx2"))) static void resize_columns_avx2(const uint8_t *src, size_t stride,
                                                                size_t n, const Taps *t, int out_h,
                                                                uint8_t *dst, size_t dst_stride,
@@ -560,24 +471,23 @@ __attribute__((target("avx2"))) static void resize_columns_avx2(const uint8_t *s
             __m256i packed = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
             _mm256_storeu_si256((__m256i *)(o + i), packed);
         }
-        if (wide < n) { /* the rest of the row, 16 bytes and then single ones, as SSE4.1 does */
+        if (wide < n) { /* the last bytes of the row, in plain C */
             Taps one_row = *t;
             one_row.first = t->first + y;
             one_row.size = t->size + y;
             one_row.weights = t->weights + (size_t)y * t->taps;
-            resize_columns_sse41(src + wide, stride, n - wide, &one_row, 1, o + wide, dst_stride, acc);
+            resize_columns(src + wide, stride, n - wide, &one_row, 1, o + wide, dst_stride, acc);
         }
     }
 }
 #endif
 
-/* The resize's instructions: 0 plain C, 1 SSE4.1, 2 AVX2; the best the CPU has, at import. */
+/* The resize's instructions: 0 plain C, 1 AVX2; the best the CPU has, at import. */
 static int use_simd = 0;
 
 static int best_simd(void) {
-#ifdef HAVE_SSE41
-    if (__builtin_cpu_supports("avx2")) return 2;
-    if (__builtin_cpu_supports("sse4.1")) return 1;
+#ifdef HAVE_AVX2
+    if (__builtin_cpu_supports("avx2")) return 1;
 #endif
     return 0;
 }
@@ -596,13 +506,9 @@ static void flip_rows(uint8_t *dst, size_t dst_stride, int rows, int width) {
 
 static void resize_across(const uint8_t *src, size_t stride, int rows, const Taps *t, int out_w,
                           uint8_t *dst, size_t dst_stride) {
-#ifdef HAVE_SSE41
-    if (use_simd == 2) {
+#ifdef HAVE_AVX2
+    if (use_simd) {
         resize_rows_avx2(src, stride, rows, t, out_w, dst, dst_stride);
-        return;
-    }
-    if (use_simd == 1) {
-        resize_rows_sse41(src, stride, rows, t, out_w, dst, dst_stride);
         return;
     }
 #endif
@@ -611,13 +517,9 @@ static void resize_across(const uint8_t *src, size_t stride, int rows, const Tap
 
 static void resize_down(const uint8_t *src, size_t stride, size_t n, const Taps *t, int out_h,
                         uint8_t *dst, size_t dst_stride, int32_t *acc) {
-#ifdef HAVE_SSE41
-    if (use_simd == 2) {
+#ifdef HAVE_AVX2
+    if (use_simd) {
         resize_columns_avx2(src, stride, n, t, out_h, dst, dst_stride, acc);
-        return;
-    }
-    if (use_simd == 1) {
-        resize_columns_sse41(src, stride, n, t, out_h, dst, dst_stride, acc);
         return;
     }
 #endif
@@ -922,8 +824,8 @@ static PyObject *set_simd(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"set_simd", set_simd, METH_O,
-     "set_simd(level) -> int: the resize's instructions from now on, 0 plain C, 1 SSE4.1, "
-     "2 AVX2 (at most what the CPU has); returns the previous level. All give the same pixels "
+     "set_simd(level) -> int: the resize's instructions from now on, 0 plain C, 1 AVX2 "
+     "(at most what the CPU has); returns the previous level. Both give the same pixels "
      "(the tests check)."},
     {"headers", headers, METH_VARARGS,
      "headers(values, out): int64 [n, 8] (parsed, width, height, orientation, frame marker, "
@@ -942,7 +844,7 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit_jpegcrop(void) {
-#ifdef HAVE_SSE41
+#ifdef HAVE_AVX2
     __builtin_cpu_init();
 #endif
     use_simd = best_simd();
