@@ -5,14 +5,16 @@
  *   headers(values, out)  one row of HEADER_FIELDS int64 per value, from the markers alone
  *                         (the walk of readers.images.jpeg.jpeg_header, plus the frame's
  *                         type, precision and components);
- *   crop(values, rows, boxes, out, status)
+ *   crop(values, rows, boxes, sizes, out, status, out_h, out_w)
  *                         for each row in `rows`: decode the box `boxes[row]` of the JPEG
- *                         `values[row]` with libjpeg (jpeg_crop_scanline for its columns,
- *                         jpeg_skip_scanlines to an iMCU row above it, a scaled IDCT when the
- *                         box is at least twice the output), resize it with torch's uint8
- *                         antialiased bilinear (bit-exact), mirror it if asked, and store it
- *                         into `out[row]` (uint8 [n, H, W, 3]); `status[row]` is 0, or the
- *                         reason the caller must decode that sample its own way.
+ *                         `values[row]` (of the size `sizes[row]`) with libjpeg
+ *                         (jpeg_crop_scanline for its columns, jpeg_skip_scanlines to an iMCU
+ *                         row above it, a scaled IDCT when the box is at least twice the
+ *                         output, the box then kept at its fractional position), resize it
+ *                         with torch's uint8 antialiased bilinear (bit-exact; AVX2 where the
+ *                         CPU has it), mirror it if asked, and store it into `out[row]`
+ *                         (uint8 [n, out_h, out_w, 3]); `status[row]` is 0, or the reason
+ *                         the caller must decode that sample its own way.
  * A libjpeg error or warning is a status, never an abort: the caller's fallback judges the
  * file. The rest of the entropy-coded data is still read after the box (without IDCT), so
  * the kernel refuses exactly the files a full decode warns about.
@@ -40,7 +42,7 @@ enum {
     CROP_MEMORY = 3,
 };
 
-enum { SLACK = 16 }; /* bytes readable after any source row: the SIMD resize loads 16 */
+enum { SLACK = 16 }; /* bytes readable after any source row: the AVX2 resize reads past it */
 enum { MAX_SCANS = 500 }; /* libjpeg-turbo's TJFLAG_LIMITSCANS: bounds a progressive decode */
 
 /* --- markers: readers.images.jpeg.jpeg_header, byte for byte ----------------------------- */
