@@ -30,9 +30,9 @@ test: setup
 
 # Benchmarks (minutes; results and method in docs/BENCHMARKS.md).
 bench: setup
-	$(BIN)/python scripts/make_bench_folder.py --out bench-data/folder --images 3000
-	$(BIN)/python scripts/bench_convert.py --repeats 5 --json bench-data/results/convert.json
-	$(BIN)/python scripts/bench_read.py --repeats 5 --json bench-data/results/read.json
+	$(BIN)/python -m scripts.bench.make_folder --out bench-data/folder --images 3000
+	$(BIN)/python -m scripts.bench.convert --repeats 5 --json bench-data/results/convert.json
+	$(BIN)/python -m scripts.bench.read --repeats 5 --json bench-data/results/read.json
 
 # The crop kernel under AddressSanitizer (Python itself is not instrumented: libasan is
 # preloaded, leak checks off), then rebuilt as usual.

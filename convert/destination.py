@@ -1,43 +1,46 @@
-"""The folder a conversion writes: claiming it, its lock, and the files that finish it.
+"""Where a conversion writes: the :class:`Destination` protocol, the local folder that
+implements it (:class:`LocalDestination`; a bucket's is ``convert.remote``), the folder's
+lock, and the files that finish a dataset.
 
 A run refuses a folder it may not use (another run's, one holding files imgpack did not
 write, a non-empty one without ``--overwrite`` or ``--resume``) before touching anything.
 The manifest ``imgpack.json`` is written last, atomically: its presence marks a complete
 dataset. (The journal of completed shards is ``convert.journal``.)
 
-The lock is a POSIX record lock on ``spec.LOCK_NAME``: the kernel drops it when its process
-dies, even by SIGKILL, so a stale lock file never blocks ``--resume``.
+The folder's lock is ``convert.lock``.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import logging
-import os
 import shutil
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, Protocol
 
-from convert.journal import ENTRY_PREFIX, ShardEntry
+from convert.journal import ENTRY_PREFIX, Journal, JournalStore, ShardEntry, shard_files
+from convert.lock import DestinationLock
 from convert.options import ConvertOptions, ConvertResult
 from readers import __version__, spec
 from readers.images.decode import decoder_name
-from readers.manifest import Manifest, json_text
+from readers.manifest import Manifest, json_text, load_manifest
 from readers.storage.location import Location
 
 __all__ = [
     "ERRORS_NAME",
-    "DestinationBusy",
-    "DestinationLock",
+    "Destination",
+    "LocalDestination",
     "claim_destination",
     "delete_written",
     "disk_full",
+    "kept_files",
     "refuse_contents",
     "refuse_dst_in_src",
+    "remove_if_empty",
     "write_errors",
     "write_manifest",
     "written_by_imgpack",
@@ -48,73 +51,102 @@ ERRORS_NAME = "errors.jsonl"
 log = logging.getLogger(__name__)
 
 
-class DestinationBusy(FileExistsError):
-    """Another conversion holds the lock on DST."""
+class Destination(Protocol):
+    """Where a conversion's dataset goes, a local folder or a bucket's: the pipeline writes
+    the shards into ``folder`` and asks the destination for the rest, in this order:
+    ``claim``, ``is_complete``, ``verifies``, ``keep_only``, ``publish`` (each shard),
+    ``finish``, ``release``, then ``cleanup`` after a run that completed."""
 
+    folder: Path  # where shards are written: DST itself, or a bucket DST's staging folder
+    journal: JournalStore
+    staged: bool  # True: ``folder`` is on this machine only, and shards go up from it
 
-class DestinationLock:
-    """Exclusive right to write into a dataset folder, held by this process; messages
-    name the folder as ``shown_as`` (a bucket DST's URL, for its staging folder's lock)."""
+    @property
+    def dst(self) -> Path | str:
+        """DST as the result names it: the folder, or the URL."""
+        ...
 
-    def __init__(self, dst: Path, shown_as: str | None = None) -> None:
-        self.path = dst / spec.LOCK_NAME
-        self.shown_as = shown_as or str(dst)
-        self._fd: int | None = None
+    def claim(self, src: Path, overwrite: bool, resume: bool) -> None:
+        """Lock DST for this run, refusing (with nothing touched) one it may not write."""
+        ...
 
-    def holder(self) -> int | None:
-        """The pid of another process holding the lock, or None (no file needed)."""
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return _read_pid(fd)
-        finally:
-            os.close(fd)  # closing releases a lock this process took just now
-        return None
+    def is_complete(self) -> bool:
+        """True if DST holds a complete dataset (its manifest)."""
+        ...
 
-    def acquire(self) -> None:
-        """Take the lock (creating the file) or raise DestinationBusy naming the holder;
-        a no-op when this object holds it already."""
-        if self._fd is not None:
-            return
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                pid = _read_pid(fd)
-                os.close(fd)
-                raise DestinationBusy(
-                    f"{self.shown_as}: another imgpack convert (pid {pid}) is writing "
-                    "here; wait for it to finish or stop it first"
-                ) from None
-            try:  # the holder may have removed the file before we locked it: retry
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
+    def manifest(self) -> Manifest:
+        """The manifest of the complete dataset at DST."""
+        ...
+
+    def verifies(self, entry: ShardEntry) -> bool:
+        """True if a journaled shard is still at DST as recorded."""
+        ...
+
+    def keep_only(self, kept: Sequence[ShardEntry]) -> None:
+        """Delete what an earlier run wrote at DST, except the ``kept`` shards."""
+        ...
+
+    def publish(self, shard: spec.ShardInfo) -> dict[str, list[Any]]:
+        """Put a completed shard in ``folder`` where it belongs, before it is journaled;
+        returns what :attr:`ShardEntry.stored` records."""
+        ...
+
+    def finish(self) -> None:
+        """The manifest is written in ``folder``: make the dataset complete at DST."""
+        ...
 
     def release(self) -> None:
-        """Remove the lock file and let go (a no-op if not held)."""
-        if self._fd is not None:
-            self.path.unlink(missing_ok=True)
-            os.close(self._fd)
-            self._fd = None
+        """Let go of DST (the lock; a folder this run made and left empty)."""
+        ...
+
+    def cleanup(self) -> None:
+        """After a run that completed: remove what only the run needed."""
+        ...
 
 
-def _read_pid(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).decode().strip())
-    except (OSError, ValueError):
-        return None
+class LocalDestination:
+    """A DST folder on this machine (or one every node mounts): shards are renamed into
+    place in it and the journal is a file there (:class:`~convert.journal.Journal`)."""
+
+    staged = False
+
+    def __init__(self, dst: Path) -> None:
+        self.dst = self.folder = dst
+        self.journal = Journal(dst)
+        self._made = not dst.exists()  # by this run, which removes it if left empty
+        self._lock: DestinationLock | None = None
+
+    def claim(self, src: Path, overwrite: bool, resume: bool) -> None:
+        """Refuse a DST inside SRC, then lock DST (:func:`claim_destination`)."""
+        refuse_dst_in_src(src, self.folder)
+        self._lock = claim_destination(self.folder, overwrite, resume)
+
+    def is_complete(self) -> bool:
+        return (self.folder / spec.MANIFEST_NAME).is_file()
+
+    def manifest(self) -> Manifest:
+        return load_manifest(self.folder)
+
+    def verifies(self, entry: ShardEntry) -> bool:
+        return entry.verifies(self.folder)
+
+    def keep_only(self, kept: Sequence[ShardEntry]) -> None:
+        delete_written(self.folder, keep=kept_files(kept))
+
+    def publish(self, shard: spec.ShardInfo) -> dict[str, list[Any]]:
+        return {}  # renamed into place already
+
+    def finish(self) -> None:
+        pass  # the manifest, written last, completes the dataset
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+        if self._made:
+            remove_if_empty(self.folder)  # refused, or failed before writing anything
+
+    def cleanup(self) -> None:
+        pass  # everything left is the dataset
 
 
 # --- claiming the folder and choosing what to keep ---------------------------------------
@@ -160,6 +192,17 @@ def delete_written(dst: Path, keep: set[str]) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
+
+
+def kept_files(kept: Sequence[ShardEntry]) -> set[str]:
+    """What a resumed run keeps in its folder: the lock and the ``kept`` shards' files."""
+    return {spec.LOCK_NAME, *(name for e in kept for name in shard_files(e.shard))}
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` if it is an empty folder."""
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def claim_destination(dst: Path, overwrite: bool, resume: bool) -> DestinationLock:

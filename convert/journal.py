@@ -1,4 +1,4 @@
-"""The journal of completed shards that ``--resume`` starts from, and the run's ledger.
+"""The journal of completed shards that ``--resume`` starts from.
 
 The journal (``spec.JOURNAL_NAME``, JSON lines) starts with a header naming the options
 and the source's sample list, then gains one entry per shard once that shard is renamed
@@ -20,14 +20,12 @@ import hashlib
 import json
 import logging
 import os
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from convert.scan import Sample
-from convert.writers import Record
 from convert.writers.base import file_sha256
 from readers import spec
 
@@ -36,10 +34,7 @@ __all__ = [
     "JOURNAL_VERSION",
     "Journal",
     "JournalStore",
-    "Ledger",
-    "Publish",
     "ShardEntry",
-    "Tally",
     "entry_name",
     "fold_sample",
     "parse_header",
@@ -257,80 +252,3 @@ def same_options(path: str | Path, recorded: dict[str, Any], options: dict[str, 
             f"{path}: cannot resume: {'; '.join(changed)}; rerun with the options of the "
             "interrupted run, or pass --overwrite to start again"
         )
-
-
-# --- a run's bookkeeping ---------------------------------------------------------------------
-@dataclass
-class Tally:
-    """What the samples of the shard being written add up to: its journal entry's tallies
-    (kept by the run's :class:`Ledger`, or by the task that writes a planned shard)."""
-
-    errors: list[dict[str, str]] = field(default_factory=list)
-    per_class: Counter[int] = field(default_factory=Counter)
-    shapes: set[tuple[int, ...]] = field(default_factory=set)
-    digests: bytearray = field(default_factory=bytearray)
-
-    def written(self, record: Record, shape: tuple[int, ...]) -> None:
-        self.digests += spec.sample_digest(record.label, record.path, record.data)
-        self.per_class[record.label] += 1
-        self.shapes.add(shape)
-
-    def entry(
-        self, shard: spec.ShardInfo, end: int, source: str, stored: dict[str, list[Any]]
-    ) -> ShardEntry:
-        """The journal entry of ``shard``, complete with these tallies."""
-        shapes = [list(s) for s in sorted(self.shapes)[:2]]  # two tell "variable" apart
-        per_class, digests = dict(self.per_class), bytes(self.digests)
-        return ShardEntry(shard, end, source, self.errors, per_class, shapes, digests, stored)
-
-
-Publish = Callable[[spec.ShardInfo], dict[str, list[Any]]]
-"""Where a completed shard goes before it is journaled (an upload, for a bucket DST);
-returns what :attr:`ShardEntry.stored` records."""
-
-
-class Ledger:
-    """The resume bookkeeping of a run: the completed shards (kept ones first), the running
-    digest of the sample list that each journal entry records, and the tally of the shard
-    being written. The conversion loop reports to it; it writes the journal."""
-
-    def __init__(
-        self,
-        journal: JournalStore,
-        kept: list[ShardEntry],
-        samples: list[Sample],
-        publish: Publish | None = None,
-    ) -> None:
-        self.journal = journal
-        self.publish = publish  # where a completed shard goes before it is journaled
-        self.entries = list(kept)
-        self.start = kept[-1].end if kept else 0  # the position where this run starts
-        self.kept_samples = sum(e.shard.samples for e in kept)
-        self.written_samples = self.kept_samples  # the next sample's key
-        self._source = hashlib.sha256()
-        for sample in samples[: self.start]:
-            fold_sample(self._source, sample)
-        self._tally = Tally()
-
-    def skipped(self, sample: Sample, error: dict[str, str]) -> None:
-        self._tally.errors.append(error)
-        fold_sample(self._source, sample)
-
-    def written(self, sample: Sample, record: Record, shape: tuple[int, ...]) -> None:
-        self.written_samples += 1
-        fold_sample(self._source, sample)
-        self._tally.written(record, shape)
-
-    def completed(self, shard: spec.ShardInfo, end: int) -> None:
-        """``shard`` is in place and ends before position ``end``: publish it (an upload,
-        for a remote DST), then journal it."""
-        stored = self.publish(shard) if self.publish is not None else {}
-        entry = self._tally.entry(shard, end, self._source.hexdigest(), stored)
-        self.entries.append(entry)
-        self.journal.append(entry)
-        self._tally = Tally()
-
-    @property
-    def errors(self) -> list[dict[str, str]]:
-        """Files skipped so far, in order, kept shards' included."""
-        return [*(x for e in self.entries for x in e.errors), *self._tally.errors]

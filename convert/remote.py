@@ -22,11 +22,18 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from convert.destination import ERRORS_NAME, DestinationLock, refuse_contents
+from convert.destination import (
+    ERRORS_NAME,
+    delete_written,
+    kept_files,
+    refuse_contents,
+    remove_if_empty,
+)
 from convert.journal import (
     ENTRY_PREFIX,
     JOURNAL_VERSION,
@@ -35,7 +42,9 @@ from convert.journal import (
     parse_header,
     shard_files,
 )
+from convert.lock import DestinationLock
 from readers import spec
+from readers.manifest import Manifest, load_manifest
 from readers.storage.cache import ShardCache
 from readers.storage.remote import RemoteFolder
 
@@ -88,7 +97,10 @@ class RemoteJournal:
 
 
 class RemoteDestination:
-    """The bucket folder a conversion writes, its journal, and the local folder it stages in."""
+    """The bucket folder a conversion writes, its journal, and the local folder it stages
+    in: a :class:`~convert.destination.Destination`."""
+
+    staged = True
 
     def __init__(
         self,
@@ -96,61 +108,65 @@ class RemoteDestination:
         storage_options: dict[str, Any] | None = None,
         staging: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.folder = RemoteFolder(url, storage_options)
-        self.journal = RemoteJournal(self.folder)
-        default = ShardCache().folder_for("staging", self.folder.url)
-        self.staging = Path(staging or default).absolute()
+        self.remote = RemoteFolder(url, storage_options)
+        self.journal = RemoteJournal(self.remote)
+        default = ShardCache().folder_for("staging", self.remote.url)
+        self.folder = Path(staging or default).absolute()
+        self._lock = DestinationLock(self.folder, shown_as=self.remote.url)
 
     @property
-    def url(self) -> str:
-        return self.folder.url
+    def dst(self) -> str:
+        return self.remote.url
 
-    def claim(self, overwrite: bool, resume: bool) -> DestinationLock:
+    def claim(self, src: Path, overwrite: bool, resume: bool) -> None:
         """Lock the staging folder and refuse, before anything is written or scanned, a
         DST this run may not write into: a missing bucket, a non-empty folder without
         ``overwrite`` or ``resume``, objects imgpack did not write. What an earlier run
         left in the staging folder is this run's to clear, never a reason to refuse."""
-        self.staging.mkdir(parents=True, exist_ok=True)
-        lock = DestinationLock(self.staging, shown_as=self.url)
-        lock.acquire()  # raises DestinationBusy while another run here holds it
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()  # raises DestinationBusy while another run here holds it
         try:
-            if not self.folder.bucket_exists():
+            if not self.remote.bucket_exists():
                 raise FileNotFoundError(
-                    f"{self.url}: no bucket {self.folder.bucket!r}: create it first, or "
+                    f"{self.dst}: no bucket {self.remote.bucket!r}: create it first, or "
                     "check the URL and AWS_ENDPOINT_URL"
                 )
-            refuse_contents(self.url, self.folder.names(), overwrite, resume)
+            refuse_contents(self.dst, self.remote.names(), overwrite, resume)
         except BaseException:
-            lock.release()
+            self._lock.release()
             with contextlib.suppress(OSError):
-                self.staging.rmdir()  # made just now, and empty
+                self.folder.rmdir()  # made just now, and empty
             raise
-        return lock
 
     def is_complete(self) -> bool:
-        return self.folder.size(spec.MANIFEST_NAME) is not None
+        return self.remote.size(spec.MANIFEST_NAME) is not None
 
-    def keep_only(self, kept: list[ShardEntry]) -> None:
+    def manifest(self) -> Manifest:
+        return load_manifest(self.remote.url, storage_options=self.remote.storage_options)
+
+    def keep_only(self, kept: Sequence[ShardEntry]) -> None:
         """Delete what an earlier run wrote, except the ``kept`` shards and their journal
-        entries: the manifest first, so that no reader sees a dataset losing its shards."""
+        entries: the manifest first, so that no reader sees a dataset losing its shards;
+        and what it left in the staging folder."""
+        delete_written(self.folder, keep=kept_files(kept))
         keep = {spec.JOURNAL_NAME}
         for entry in kept:
             keep |= {*shard_files(entry.shard), entry_name(entry.shard)}
-        doomed = [n for n in self.folder.names() if n not in keep]
+        doomed = [n for n in self.remote.names() if n not in keep]
         if spec.MANIFEST_NAME in doomed:
-            self.folder.delete([spec.MANIFEST_NAME])
-        self.folder.delete([n for n in doomed if n != spec.MANIFEST_NAME])
+            self.remote.delete([spec.MANIFEST_NAME])
+        self.remote.delete([n for n in doomed if n != spec.MANIFEST_NAME])
 
     def publish(self, shard: spec.ShardInfo) -> dict[str, list[Any]]:
         """Upload a completed shard and its sidecars, then free their staging space;
         returns each object's size and checksum in the store, for the journal."""
         stored: dict[str, list[Any]] = {}
         for name in shard_files(shard):
-            self.folder.upload(self.staging / name, name)
-            (self.staging / name).unlink()
-            stat = self.folder.stat(name)
+            self.remote.upload(self.folder / name, name)
+            (self.folder / name).unlink()
+            stat = self.remote.stat(name)
             if stat is None:
-                raise FileNotFoundError(f"{self.folder.url_of(name)}: missing just after upload")
+                raise FileNotFoundError(f"{self.remote.url_of(name)}: missing just after upload")
             stored[name] = list(stat)
         return stored
 
@@ -159,12 +175,19 @@ class RemoteDestination:
         recorded size and store checksum (re-hashing would download it)."""
         recorded = entry.stored
         return all(
-            name in recorded and self.folder.stat(name) == tuple(recorded[name])
+            name in recorded and self.remote.stat(name) == tuple(recorded[name])
             for name in shard_files(entry.shard)
         )
 
     def finish(self) -> None:
         """Upload the errors file and then the manifest, which marks the dataset complete."""
         for name in (ERRORS_NAME, spec.MANIFEST_NAME):
-            if (self.staging / name).exists():
-                self.folder.upload(self.staging / name, name)
+            if (self.folder / name).exists():
+                self.remote.upload(self.folder / name, name)
+
+    def release(self) -> None:
+        self._lock.release()
+        remove_if_empty(self.folder)
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)  # one shard's space at most

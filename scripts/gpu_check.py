@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import readers
 from convert import ConvertOptions, convert_folder
 

@@ -15,7 +15,7 @@ TEXT_FILES = [
     *sorted((ROOT / "docs").glob("*.md")),
     *sorted((ROOT / "convert").rglob("*.py")),
     *sorted((ROOT / "readers").rglob("*.py")),
-    *sorted((ROOT / "scripts").glob("*.py")),
+    *sorted((ROOT / "scripts").rglob("*.py")),
 ]
 
 

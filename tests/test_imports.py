@@ -11,13 +11,16 @@ installed for the walk to see their import lines. What counts as an import of a 
   whether Ray is installed (``importlib.util.find_spec`` answers that without importing), and
   ``scripts/bench_read.py`` imported ``bench_crops`` in ``main`` while ``bench_crops`` imported it.
   Imports under ``if TYPE_CHECKING:`` count as well (there are none): a circle of types is still
-  two modules that cannot be understood apart. Code held in strings (``python -c``) is not read.
+  two modules that cannot be understood apart. Code held in strings (``python -c``) is not read,
+  which is one reason why ``scripts/`` holds none (``test_scripts_...`` below).
 - ``from P import n`` depends on the module ``P.n`` when there is one, otherwise on ``P`` itself
   (its ``__init__`` for a package). ``import P.Q`` depends on ``P.Q``.
 - A package's ``__init__`` runs before any of its modules, so it is an edge from a module outside
   that package, but not from one of its own modules (the package is already importing by then).
-- In ``scripts/`` a top-level name is looked up first beside the script (Python puts the script's
-  folder first on ``sys.path``: ``import bench_common``), then at the repository root.
+- ``scripts/bench/`` is a package run from the repository root (``python -m scripts.bench.read``):
+  its modules are named ``scripts.bench.*`` and import from the root only. A file directly in
+  ``scripts/`` is also run as ``python scripts/x.py``, which puts its folder first on
+  ``sys.path``: a top-level name in it is looked up first beside it, then at the root.
 
 Private names: ``from readers.x import _name`` (relative forms too) and ``module._name``
 attribute reach-ins through a name bound to a repo module, in ``readers/`` and ``convert/``,
@@ -38,7 +41,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("convert", "readers", "scripts")
 LIBRARY = ("convert", "readers")
-SCRIPT_FOLDERS = ("scripts",)  # run as ``python scripts/x.py``: their folder is on sys.path
+SCRIPT_FOLDERS = ("scripts",)  # files in them run as ``python scripts/x.py``: folder on sys.path
 
 
 @dataclass(frozen=True)
@@ -85,17 +88,16 @@ class RepoModules:
         return None
 
     def name_of(self, path: Path) -> str:
-        """The dotted name a file is imported by (scripts: by its stem)."""
+        """The dotted name a file is imported by, from the root."""
         parts = path.with_suffix("").parts
-        if parts[0] in SCRIPT_FOLDERS:
-            parts = parts[1:]
         if parts[-1] == "__init__":
             parts = parts[:-1]
         return ".".join(parts)
 
     def beside(self, path: Path) -> Path | None:
-        """The folder searched first for a top-level import in ``path``."""
-        return path.parent if path.parts[0] in SCRIPT_FOLDERS else None
+        """The folder searched first for a top-level import in ``path``: a script's own (a file
+        directly in a script folder), none for a module of a package."""
+        return path.parent if path.parent.as_posix() in SCRIPT_FOLDERS else None
 
     def packages_of(self, path: Path) -> set[Path]:
         """The ``__init__`` files of the packages enclosing ``path`` (itself excluded)."""
@@ -303,10 +305,37 @@ def strongly_connected(graph: dict[Path, dict[Path, int]]) -> list[set[Path]]:
     return groups
 
 
+def script_smells(root: Path, path: Path) -> list[str]:
+    """What a script must not do, with its line: touch ``sys.path`` (the editable install and
+    ``python -m`` from the root make the repo importable), run code held in a string (a ``"-c"``
+    in a command list: a ``python -m`` module instead, which the walk above can read), or import
+    from ``tests/`` (helpers that benchmarks share live in ``scripts/``)."""
+    found = []
+    for node in ast.walk(ast.parse((root / path).read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == "path":
+            if isinstance(node.value, ast.Name) and node.value.id == "sys":
+                found.append(f"{path}:{node.lineno} sys.path")
+        elif isinstance(node, ast.List | ast.Tuple):
+            if any(isinstance(e, ast.Constant) and e.value == "-c" for e in node.elts):
+                found.append(f"{path}:{node.lineno} runs code from a string (-c)")
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            if any(n and n.split(".")[0] == "tests" for n in names):
+                found.append(f"{path}:{node.lineno} imports from tests/")
+    return found
+
+
 # --- the rules on this repository -------------------------------------------------------------
 def test_no_import_circle_in_convert_readers_scripts() -> None:
     cycles = ImportGraph(ROOT, LAYERS).cycles()
     assert not cycles, "import circles:\n" + "\n".join(cycles)
+
+
+def test_scripts_edit_no_sys_path_hold_no_code_in_strings_import_nothing_from_tests() -> None:
+    scripts = sorted(p.relative_to(ROOT) for p in (ROOT / "scripts").rglob("*.py"))
+    assert Path("scripts/bench/read.py") in scripts, "the benchmarks moved: the walk is stale"
+    smells = [smell for path in scripts for smell in script_smells(ROOT, path)]
+    assert not smells, "\n".join(smells)
 
 
 def test_library_takes_no_private_name_from_another_module() -> None:
@@ -341,6 +370,16 @@ CIRCLES = {
         "scripts",
         "scripts/one.py:1 -> scripts/two.py:1 -> scripts/one.py",
     ),
+    "between modules of a package under scripts/, by their names from the root": (
+        {
+            "scripts/bench/__init__.py": "",
+            "scripts/bench/a.py": "from scripts.bench import b\n",
+            "scripts/bench/b.py": "import json\nfrom scripts.bench.a import X\n",
+            "scripts/tool.py": "from scripts.bench.a import X\n",
+        },
+        "scripts",
+        "scripts/bench/a.py:1 -> scripts/bench/b.py:2 -> scripts/bench/a.py",
+    ),
     "through a name taken from the package's __init__ (not a submodule)": (
         {
             "pkg/__init__.py": "from pkg.a import A\n",
@@ -372,6 +411,43 @@ def test_importing_a_sibling_inside_its_package_is_no_edge_to_the_package(tmp_pa
         },
     )
     assert ImportGraph(root, ["pkg"]).cycles() == []
+
+
+def test_a_bare_name_in_a_package_under_scripts_is_not_looked_up_beside_it(tmp_path: Path) -> None:
+    """``python -m scripts.bench.a`` puts the root on ``sys.path``, not ``scripts/bench/``: a bare
+    ``import b`` there does not import its sibling (and so makes no circle)."""
+    root = write(
+        tmp_path,
+        {
+            "scripts/bench/__init__.py": "",
+            "scripts/bench/a.py": "import b\n",
+            "scripts/bench/b.py": "import a\n",
+        },
+    )
+    graph = ImportGraph(root, ["scripts"])
+    assert graph.cycles() == []
+    assert graph.edges()[Path("scripts/bench/a.py")] == {}
+
+
+SMELLS = {
+    "sys.path.insert(0, '.')": "sys.path",
+    "subprocess.run([sys.executable, '-c', CODE])": "runs code from a string (-c)",
+    "from tests.s3_server import local_s3_server": "imports from tests/",
+    "import tests.photos": "imports from tests/",
+}
+
+
+@pytest.mark.parametrize("line, smell", SMELLS.items(), ids=SMELLS)
+def test_script_smells_are_found(tmp_path: Path, line: str, smell: str) -> None:
+    root = write(tmp_path, {"scripts/bench/x.py": f"import sys\n{line}\n"})
+    assert script_smells(root, Path("scripts/bench/x.py")) == [f"scripts/bench/x.py:2 {smell}"]
+
+
+def test_a_plain_subprocess_or_option_named_c_is_no_smell(tmp_path: Path) -> None:
+    text = "import subprocess, sys\nsubprocess.run([sys.executable, '-m', 'scripts.bench.a'])\n"
+    text += "parser.add_argument('-c', '--count')\n"
+    root = write(tmp_path, {"scripts/x.py": text})
+    assert script_smells(root, Path("scripts/x.py")) == []
 
 
 @pytest.mark.parametrize(

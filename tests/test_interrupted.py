@@ -178,7 +178,7 @@ def test_a_worker_killed_mid_run_stops_the_run_resumably_instead_of_hanging(
 KILLED_WHILE_SENDING = """
 import sys
 from pathlib import Path
-from convert.executors.local import WorkerDiedError, prepared_in_order
+from convert.executors.pool import WorkerDiedError, prepared_in_order
 from convert.process import Transform
 src = Path(sys.argv[1])
 files = sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg")) * 20
@@ -255,7 +255,7 @@ def test_a_second_conversion_into_the_same_folder_is_refused_and_the_first_is_un
 
 # Holds the lock on DST (argv[1]) until its stdin closes, as a running conversion does.
 HOLD_LOCK = (
-    "import sys; from pathlib import Path; from convert.destination import DestinationLock; "
+    "import sys; from pathlib import Path; from convert.lock import DestinationLock; "
     "DestinationLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); "
     "sys.stdin.read()"
 )

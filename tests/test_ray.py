@@ -22,9 +22,8 @@ import pytest
 import torch
 
 import readers
-from convert import ConvertOptions, convert_folder
+from convert import BadInputError, ConvertOptions, convert_folder
 from convert.executors import RAY_HINT
-from convert.pipeline import BadInputError
 from readers import spec
 from scripts.s3_server import local_s3_server
 from tests.conftest import SAMPLE_DATA

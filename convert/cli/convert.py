@@ -131,7 +131,7 @@ def _interrupt(signum: int, frame: object) -> None:
 )
 @click.option(
     "--executor",
-    type=click.Choice(EXECUTORS),
+    type=click.Choice(tuple(EXECUTORS)),
     default="local",
     show_default=True,
     help="local: a process pool on this machine. ray: shards as Ray tasks (pip install -e "

@@ -18,13 +18,12 @@ class ImgpackGroup(click.Group):
         try:
             return super().invoke(ctx)
         except (ValueError, OSError) as e:
-            if ctx.obj and ctx.obj.get("debug"):
-                raise
-            raise click.ClickException(str(e)) from e
+            fail(ctx, e)
 
 
 def fail(ctx: click.Context, error: Exception) -> NoReturn:
-    """A user's mistake as a one-line error, or the traceback with ``imgpack --debug``."""
+    """A user's mistake as a one-line error, or the traceback with ``imgpack --debug``
+    (for a command's own errors of other kinds, too: matplotlib missing for a plot)."""
     if ctx.obj and ctx.obj.get("debug"):
         raise error
     raise click.ClickException(str(error)) from error

@@ -15,7 +15,6 @@ from convert.measure import report
 from readers.feeding import tune as tuning
 from readers.feeding.wait import WAIT_SHARE, keeps_up
 from readers.manifest import load_manifest
-from readers.spec import DatasetError
 from readers.storage.remote import is_url
 
 __all__ = ["bench", "recommended_call", "tune", "verdict"]
@@ -122,27 +121,24 @@ def bench(
         except RuntimeError as e:
             fail(ctx, e)
     bar = tqdm(total=measure.steps(list(paths), repeats, workers), disable=disable, unit="step")
-    try:
-        results = []
-        for path in paths:
-            bar.set_description(measure.path_name(path))
-            results.append(
-                measure.bench_path(
-                    path,
-                    samples=samples,
-                    batch_size=batch_size,
-                    workers=workers,
-                    repeats=repeats,
-                    seed=seed,
-                    seconds=seconds,
-                    crop=crop,
-                    cold=cold,
-                    tick=lambda _what: bar.update(),
-                )
+    results = []
+    for path in paths:
+        bar.set_description(measure.path_name(path))
+        results.append(
+            measure.bench_path(
+                path,
+                samples=samples,
+                batch_size=batch_size,
+                workers=workers,
+                repeats=repeats,
+                seed=seed,
+                seconds=seconds,
+                crop=crop,
+                cold=cold,
+                tick=lambda _what: bar.update(),
             )
-        bar.close()
-    except (DatasetError, FileNotFoundError, ValueError) as e:
-        fail(ctx, e)
+        )
+    bar.close()
     click.echo(
         report.format_table(report.headers(workers), list(report.iter_rows(results, workers)))
     )
@@ -232,9 +228,7 @@ def recommended_call(path: Path, batch_size: int, crop: int | None, best: tuning
     "measured without it. Images of one size stack into one tensor; without a crop, images "
     "of different sizes travel as lists.",
 )
-@click.pass_context
 def tune(
-    ctx: click.Context,
     path: Path,
     step_ms: float | None,
     batch_size: int,
@@ -250,10 +244,7 @@ def tune(
     \b
     imgpack tune /data/in1k-pt --step-ms 40 --batch-size 256 --crop 224
     """
-    try:
-        manifest = load_manifest(path)  # not a dataset: that error alone, before the table
-    except (DatasetError, ValueError) as e:
-        fail(ctx, e)
+    manifest = load_manifest(path)  # not a dataset: that error alone, before the table
     center_crop = measure.crop_for(manifest.shape, crop)
     if crop and center_crop is None:
         click.echo(f"{path} stores {crop}x{crop} images already: measured without crop=")
@@ -269,10 +260,7 @@ def tune(
             row += f" {t.wait_ms:>13.1f} {100 * t.wait_ms / step_ms:>14.1f} {t.ratio:>13.2f}x"
         click.echo(row)
 
-    try:
-        trials = tuning.sweep(path, batch_size, step_ms, seconds, report=show, crop=center_crop)
-    except (DatasetError, ValueError) as e:
-        fail(ctx, e)
+    trials = tuning.sweep(path, batch_size, step_ms, seconds, report=show, crop=center_crop)
     best = tuning.recommend(trials, step_ms)
     if step_ms:
         click.echo(verdict(best, step_ms, manifest.encoding))

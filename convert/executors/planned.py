@@ -26,14 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convert.journal import (
-    JournalStore,
-    Publish,
-    ShardEntry,
-    Tally,
-    same_options,
-    source_fingerprint,
-)
+from convert.journal import JournalStore, ShardEntry, same_options, source_fingerprint
+from convert.ledger import Publish, Tally
 from convert.options import DEFAULT_SHARD_SIZE, ConvertOptions
 from convert.process import Prepared
 from convert.scan import Sample
@@ -173,7 +167,7 @@ class PlannedLedger:
         journal: JournalStore,
         plan: ShardPlan,
         kept: list[ShardEntry],
-        publish: Publish | None = None,
+        publish: Publish,
     ) -> None:
         self.journal = journal
         self.plan = plan
@@ -203,7 +197,7 @@ class PlannedLedger:
         if outcome.shard is None:  # not journaled: a resume reads its bad files again
             self._empty[index] = outcome.tally.errors
             return
-        stored = self.publish(outcome.shard) if self.publish is not None else {}
+        stored = self.publish(outcome.shard)
         end = self.plan.span(index).stop
         entry = outcome.tally.entry(outcome.shard, end, self.plan.fingerprints[index], stored)
         self._done[index] = entry

@@ -2,7 +2,7 @@
 
 The driver (the ``imgpack convert`` process) plans the shards
 (``convert.executors.planned``) and, for each, submits preparation tasks over chunks of its
-files (:func:`convert.executors.local.prepare_files`, the local executor's code) and one
+files (:func:`convert.executors.pool.prepare_files`, the local executor's code) and one
 write task that receives their results, writes the shard into a folder it is given and
 returns a :class:`~convert.executors.planned.ShardOutcome`. The driver
 publishes each completed shard (``PlannedLedger.completed``: nothing to do for a DST that
@@ -37,8 +37,8 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tqdm import tqdm
 
-from convert.executors.local import WorkerDiedError, prepare_files
 from convert.executors.planned import PlannedLedger, ShardOutcome, ShardTask, write_shard
+from convert.executors.pool import WorkerDiedError, prepare_files
 from convert.process import Prepared, Transform
 from convert.scan import Sample
 from convert.writers import Layout

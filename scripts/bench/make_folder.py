@@ -8,22 +8,20 @@ ImageNet's JPEGs rather than that of smooth upscales, crops are mostly downscale
 resizing, and ``SUBSAMPLING_444`` of them are saved with 4:4:4 chroma (the rest 4:2:0), as
 ImageNet mixes both. Output is deterministic given ``--seed``.
 
-Usage: ``python scripts/make_bench_folder.py --out /tmp/bench [--images 3000] [--classes 10]``
+Usage: ``python -m scripts.bench.make_folder --out /tmp/bench [--images 3000] [--classes 10]``
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_sample_data import PHOTOS, crop_area, load_photo, random_flip
+from scripts.make_sample_data import PHOTOS, crop_area, load_photo, random_flip
 
 MAX_UPSCALE = 1.2  # linear scale factors a crop may be resized by
 MAX_DOWNSCALE = 2.0

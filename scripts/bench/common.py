@@ -1,7 +1,7 @@
-"""What the benchmarks share: arguments, the machine report, the source folder (full or
-``--quick`` subset), page-cache warming, interleaved repeats, the markdown/JSON output, and for
-the read benchmarks (``bench_read.py``, ``bench_crops.py``, ``bench_loader.py``) the geometry,
-the conversion, contender warm-up and the pure-decode contender."""
+"""What the benchmarks share besides the measuring itself (:mod:`scripts.bench.measure`) and
+the settings (:mod:`scripts.bench.settings`): arguments, the machine report, the source folder
+(full or ``--quick`` subset), the conversion, the read-time centre crop, the pure-decode
+contender, and the markdown/JSON output."""
 
 from __future__ import annotations
 
@@ -13,13 +13,10 @@ import multiprocessing
 import multiprocessing.pool
 import os
 import platform
-import resource
-import statistics
 import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,36 +26,37 @@ import PIL
 import torch
 import webdataset
 from PIL import features
+from torch.utils.data import DataLoader, Dataset
 
 import readers
 from convert import ConvertOptions, convert_folder
+from scripts.bench.measure import Measurement, median_rate
+from scripts.bench.settings import (
+    BATCH,
+    CROP,
+    FOLDER,
+    MAX_FOREIGN_CORES,
+    QUICK_IMAGES_PER_CLASS,
+    RESIZE,
+    ROOT,
+    WORK,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-QUICK_IMAGES_PER_CLASS = 60
-MAX_FOREIGN_CORES = 0.25  # retry a measurement while other processes used more than this
-RETRIES = 3
-QUIET_WAIT_S = 60.0  # longest wait for other processes to settle before a measurement
 
-# The read benchmarks' geometry and timing.
-RESIZE, CROP, BATCH = 256, 224, 64
-WDS_SHARDS = 8  # jpeg tar shards, so that 1 and 2 streaming workers get equal shares
-MIN_SECONDS = 1.0  # a timed measurement covers whole epochs lasting at least this long
-DECODE_CORES = len(os.sched_getaffinity(0))  # pure decode runs on all usable cores
-
-
-def parser(description: str) -> argparse.ArgumentParser:
-    """The arguments both benchmarks take."""
+def parser(description: str, max_foreign: float = MAX_FOREIGN_CORES) -> argparse.ArgumentParser:
+    """The arguments the folder benchmarks (read, convert, loader, remote) take; ``max_foreign``
+    is the default of ``--max-foreign``."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument(
         "--folder",
         type=Path,
-        default=ROOT / "bench-data" / "folder",
-        help="ImageNet-layout source folder (scripts/make_bench_folder.py)",
+        default=FOLDER,
+        help="ImageNet-layout source folder (python -m scripts.bench.make_folder)",
     )
     p.add_argument(
         "--work",
         type=Path,
-        default=ROOT / "bench-data" / "work",
+        default=WORK,
         help="scratch folder for converted datasets (overwritten)",
     )
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of each contender")
@@ -66,6 +64,12 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--quick", action="store_true", help=f"use only {QUICK_IMAGES_PER_CLASS} images per class"
     )
     p.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    p.add_argument(
+        "--max-foreign",
+        type=float,
+        default=max_foreign,
+        help="retry a measurement while other processes kept more cores busy than this",
+    )
     return p
 
 
@@ -136,25 +140,6 @@ def image_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*/*") if p.is_file())
 
 
-def warm_page_cache(paths: list[Path]) -> int:
-    """Read every file once so later reads come from the page cache; return bytes read."""
-    total = 0
-    for path in paths:
-        total += len(path.read_bytes())
-    return total
-
-
-@dataclass
-class Measurement:
-    """One timed run: a rate (items/s) and optional extra figures for the JSON."""
-
-    rate: float
-    extra: dict[str, float] = field(default_factory=dict)
-
-
-Factory = Callable[[], Callable[[], Measurement]]
-
-
 class CenterCrop:
     """The centre ``size``x``size`` of a ``[3, H, W]`` tensor (a view; H, W >= size)."""
 
@@ -167,11 +152,30 @@ class CenterCrop:
         return image[..., top : top + self.size, left : left + self.size]
 
 
+def batch_loader(dataset: Dataset, num_workers: int, shuffle: bool = False) -> DataLoader:
+    """A DataLoader of ``BATCH`` samples through imgpack's collate, its workers (if any) kept
+    from one epoch to the next."""
+    return DataLoader(
+        dataset,
+        batch_size=BATCH,
+        shuffle=shuffle,
+        collate_fn=readers.collate,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+    )
+
+
 def convert_source(
-    src: Path, dst: Path, fmt: str, encoding: str, shards: int | None = None
+    src: Path,
+    dst: Path,
+    fmt: str,
+    encoding: str,
+    shards: int | None = None,
+    shuffle: bool = False,
 ) -> Path:
     """Convert ``src`` to ``dst`` resized to ``RESIZE`` (raw is also centre-cropped to
-    ``CROP``), in ``shards`` shards of equal size or else the format's default shard size."""
+    ``CROP``), in ``shards`` shards of equal size or else the format's default shard size;
+    ``shuffle`` as ``--shuffle`` (what a streamed dataset should be)."""
     n = len(image_files(src))
     options = ConvertOptions(
         format=fmt,
@@ -179,25 +183,11 @@ def convert_source(
         resize=RESIZE,
         center_crop=CROP if encoding == "raw" else None,
         shard_size=math.ceil(n / shards) if shards else None,
+        shuffle=shuffle,
     )
     result = convert_folder(src, dst, options, overwrite=True, progress=False)
     print(f"  converted {dst.name}: {result.summary()}", flush=True)
     return dst
-
-
-def warm_up(factories: dict[str, Factory]) -> dict[str, Callable[[], Measurement]]:
-    """Build (and so warm up) every contender, in order, before any is timed."""
-    contenders = {}
-    for name, factory in factories.items():
-        print(f"  warming up {name}", flush=True)
-        contenders[name] = factory()
-    return contenders
-
-
-def best(runs: dict[str, list[Measurement]], prefix: str | tuple[str, ...]) -> tuple[str, float]:
-    """The contender (name, median rate) with the highest median among names with prefix."""
-    name = max((k for k in runs if k.startswith(prefix)), key=lambda k: median_rate(runs[k]))
-    return name, median_rate(runs[name])
 
 
 _held_jpegs: list[bytes] = []  # a decode process's own copy, set by decode_processes
@@ -240,98 +230,6 @@ def decode_contender(
         return Measurement(done / (time.perf_counter() - start))
 
     return measure
-
-
-_TICK = 1 / os.sysconf("SC_CLK_TCK")
-
-
-def _system_busy_s() -> float:
-    """CPU seconds all cores spent busy (steal included) since boot, from /proc/stat."""
-    fields = Path("/proc/stat").read_text(encoding="ascii").split("\n", 1)[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
-    return (user + nice + system + irq + softirq + steal) * _TICK
-
-
-def _own_cpu_s() -> float:
-    """CPU seconds of this process, its reaped children and its live descendants."""
-    parents: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text(encoding="ascii", errors="replace").rsplit(")", 1)[1].split()
-        except OSError:  # the process ended meanwhile
-            continue
-        pid = int(stat.parent.name)
-        parents[pid], ticks[pid] = int(fields[1]), int(fields[11]) + int(fields[12])
-    mine, frontier = set(), [os.getpid()]
-    while frontier:
-        pid = frontier.pop()
-        mine.add(pid)
-        frontier += [child for child, parent in parents.items() if parent == pid]
-    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return sum(ticks.get(pid, 0) for pid in mine) * _TICK + reaped.ru_utime + reaped.ru_stime
-
-
-def foreign_load(measure: Callable[[], Measurement]) -> Measurement:
-    """Run ``measure`` and record in its extra ``foreign_cores``: the average number of
-    cores that processes other than this benchmark (and the hypervisor) kept busy meanwhile."""
-    system, own, start = _system_busy_s(), _own_cpu_s(), time.perf_counter()
-    m = measure()
-    seconds = time.perf_counter() - start
-    foreign = (_system_busy_s() - system) - (_own_cpu_s() - own)
-    m.extra["foreign_cores"] = max(0.0, foreign / seconds)
-    return m
-
-
-def _idle_second() -> Measurement:
-    time.sleep(1)
-    return Measurement(0.0)
-
-
-def wait_for_quiet(max_foreign: float, max_wait_s: float = QUIET_WAIT_S) -> float:
-    """Sample other processes' load in 1 s windows until it is at most ``max_foreign`` cores
-    or ``max_wait_s`` have passed; return the last sample."""
-    deadline = time.perf_counter() + max_wait_s
-    while True:
-        load = foreign_load(_idle_second).extra["foreign_cores"]
-        if load <= max_foreign or time.perf_counter() > deadline:
-            return load
-        print(f"  (other processes busy {load:.2f} cores: waiting)", flush=True)
-
-
-def interleaved(
-    contenders: dict[str, Callable[[], Measurement]],
-    repeats: int,
-    max_foreign: float = MAX_FOREIGN_CORES,
-) -> dict[str, list[Measurement]]:
-    """Run ``repeats`` rounds, each calling every contender once in order, so that slow
-    phases of a noisy machine hit all of them alike; return each one's measurements.
-
-    Each measurement starts once other processes keep at most ``max_foreign`` cores busy
-    (waiting up to ``QUIET_WAIT_S``), and one during which they kept more busy is taken
-    again, up to ``RETRIES`` times; the quietest is kept."""
-    runs: dict[str, list[Measurement]] = {name: [] for name in contenders}
-    for round_ in range(repeats):
-        for name, measure in contenders.items():
-            tries: list[Measurement] = []
-            for _ in range(RETRIES + 1):
-                wait_for_quiet(max_foreign)
-                tries.append(foreign_load(measure))
-                if tries[-1].extra["foreign_cores"] <= max_foreign:
-                    break
-            m = min(tries, key=lambda t: t.extra["foreign_cores"])
-            m.extra["discarded"] = len(tries) - 1
-            runs[name].append(m)
-            extra = "  ".join(f"{k} {v:.2f}" for k, v in m.extra.items())
-            print(
-                f"  round {round_ + 1}/{repeats}  {name:<36} {m.rate:9.0f} /s  {extra}", flush=True
-            )
-    return runs
-
-
-def median_rate(runs: list[Measurement]) -> float:
-    """The median rate of one contender's repeats."""
-    return statistics.median(m.rate for m in runs)
 
 
 def rates_text(runs: list[Measurement]) -> str:

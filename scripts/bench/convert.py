@@ -2,13 +2,13 @@
 single-process Pillow + ``webdataset.ShardWriter`` script doing the same work; with
 ``--ray``, ``--executor ray`` on a local Ray instance of 2 CPUs against the local pool; with
 ``--large N``, the default (DCT-scaled) decode against ``--exact-resize`` on N 2560x1440
-JPEGs (``scripts/bench_decode.py``'s mosaics), 2 workers.
+JPEGs (:mod:`scripts.bench.decode`'s mosaics), 2 workers.
 
 Every contender turns the source JPEGs into shorter-side-256 (bilinear) JPEGs of quality 90
 and writes them; the rounds are interleaved, the source files are in the page cache, and the
 output of the previous run is deleted and flushed to disk before each timed run.
 
-    python scripts/bench_convert.py [--folder bench-data/folder] [--repeats 3] [--json F]
+    python -m scripts.bench.convert [--folder bench-data/folder] [--repeats 3] [--json F]
         [--ray | --large 48]
 """
 
@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import webdataset
-from bench_common import (
-    MAX_FOREIGN_CORES,
-    Measurement,
+from PIL import Image
+
+from convert import ConvertOptions, convert_folder
+from scripts.bench.common import (
     image_files,
-    interleaved,
     machine_info,
     markdown_table,
-    median_rate,
     parser,
     print_machine,
     rates_text,
@@ -42,16 +41,12 @@ from bench_common import (
     target_row,
     target_table,
     targets_json,
-    warm_page_cache,
     write_json,
 )
-from bench_decode import mosaic
-from PIL import Image
+from scripts.bench.decode import mosaic
+from scripts.bench.measure import Measurement, interleaved, median_rate, warm_page_cache
+from scripts.bench.settings import QUALITY, RESIZE
 
-from convert import ConvertOptions, convert_folder
-
-RESIZE = 256
-QUALITY = 90
 TARGET_W2_OVER_W1 = 1.8
 TARGET_W2_OVER_BASELINE = 2.0
 TARGET_RAY_OVER_POOL = 1 / 1.3  # Ray's time within 1.3x of the local pool's
@@ -253,12 +248,6 @@ def main() -> None:
         default=0,
         metavar="N",
         help="the default decode against --exact-resize on N 2560x1440 JPEGs",
-    )
-    cli.add_argument(
-        "--max-foreign",
-        type=float,
-        default=MAX_FOREIGN_CORES,
-        help="retry a measurement while other processes kept more cores busy than this",
     )
     args = cli.parse_args()
     info = machine_info()

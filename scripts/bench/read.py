@@ -12,9 +12,9 @@ jpeg: the folder converted with ``--encoding jpeg --resize 256``, centre-cropped
 Each contender is warmed up first (persistent workers started, page cache and mmaps warm),
 then timed in interleaved rounds over passes of at least ``MIN_SECONDS``; medians are quoted.
 
-crops: crops inside the decode (``crop=``) against FFCV, see ``scripts/bench_crops.py``.
+crops: crops inside the decode (``crop=``) against FFCV, see :mod:`scripts.bench.crops`.
 
-    python scripts/bench_read.py [--folder bench-data/folder] [--repeats 3] [--json F]
+    python -m scripts.bench.read [--folder bench-data/folder] [--repeats 3] [--json F]
                                  [--section all|raw|jpeg|crops]
 """
 
@@ -29,27 +29,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import webdataset
-from bench_common import (
-    BATCH,
-    CROP,
-    DECODE_CORES,
-    MAX_FOREIGN_CORES,
-    MIN_SECONDS,
-    WDS_SHARDS,
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+import readers
+from readers import spec
+from scripts.bench import crops
+from scripts.bench.common import (
     CenterCrop,
-    Factory,
-    Measurement,
-    best,
+    batch_loader,
     convert_source,
     decode_contender,
     decode_processes,
     image_files,
-    interleaved,
     machine_info,
     markdown_table,
-    median_rate,
     parser,
     print_machine,
     rates_text,
@@ -58,14 +52,19 @@ from bench_common import (
     target_row,
     target_table,
     targets_json,
-    warm_page_cache,
-    warm_up,
     write_json,
 )
-from torch.utils.data import DataLoader, Dataset, IterableDataset
-
-import readers
-from readers import spec
+from scripts.bench.measure import (
+    Factory,
+    Measurement,
+    best,
+    interleaved,
+    median_rate,
+    timed,
+    warm_page_cache,
+    warm_up,
+)
+from scripts.bench.settings import BATCH, CROP, DECODE_CORES, WDS_SHARDS
 
 SAMPLE_BYTES = CROP * CROP * 3
 MANY_SHARDS = 128  # as ImageNet has at the default 10,000 samples per shard
@@ -82,38 +81,17 @@ def loader_contender(
     shuffle: bool,
     decode_threads: int | None = None,
 ) -> Callable[[], Measurement]:
-    """Warm a DataLoader up (an untimed epoch, then one timed to choose the number of passes)
-    and return its timed measurement, which first rereads the files under ``root`` (this
-    VM evicts page-cache pages left untouched for a minute). ``decode_threads``, if given,
-    is set on the dataset before each epoch, so in-process loaders can share one dataset."""
-    loader = DataLoader(
-        dataset,
-        batch_size=BATCH,
-        shuffle=shuffle,
-        collate_fn=readers.collate,
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
-    )
+    """A DataLoader over ``dataset``, warmed up and timed (:func:`timed`), rereading the
+    files under ``root`` before each measurement. ``decode_threads``, if given, is set on the
+    dataset before each epoch, so in-process loaders can share one dataset."""
+    loader = batch_loader(dataset, num_workers, shuffle)
 
-    def epochs(passes: int) -> Measurement:
-        warm_page_cache(sorted(root.iterdir()))
+    def batches() -> DataLoader:
         if decode_threads is not None:
             dataset.decode_threads = decode_threads  # type: ignore[attr-defined]
-        seen, start = 0, time.perf_counter()
-        for _ in range(passes):
-            for _images, labels in loader:
-                seen += len(labels)
-        seconds = time.perf_counter() - start
-        return Measurement(seen / seconds, {"passes": passes, "seconds": seconds})
+        return loader
 
-    if decode_threads is not None:
-        dataset.decode_threads = decode_threads  # type: ignore[attr-defined]
-    images, _ = next(iter(loader))
-    if images.shape[1:] != (3, CROP, CROP) or images.dtype != torch.uint8:
-        raise RuntimeError(f"unexpected batch {images.dtype}{tuple(images.shape)}")
-    epochs(1)
-    passes = math.ceil(MIN_SECONDS / epochs(1).extra["seconds"])
-    return lambda: epochs(passes)
+    return timed(batches, sorted(root.iterdir()))
 
 
 def imgpack_factories(
@@ -161,7 +139,9 @@ def memcpy_contender(nbytes: int = 512 << 20, tries: int = 5) -> Callable[[], Me
     return measure
 
 
-def run_raw(src: Path, work: Path, repeats: int) -> dict[str, list[Measurement]]:
+def run_raw(
+    src: Path, work: Path, repeats: int, max_foreign: float
+) -> dict[str, list[Measurement]]:
     """The raw-pixel section: every format at 0/1/2 workers, ``pt`` also split into
     ``MANY_SHARDS`` shards, and the memcpy bound."""
     factories: dict[str, Factory] = {MEMCPY: memcpy_contender}
@@ -170,7 +150,7 @@ def run_raw(src: Path, work: Path, repeats: int) -> dict[str, list[Measurement]]
         factories.update(imgpack_factories(fmt, root, None, threads=(1,)))
     root = convert_source(src, work / f"pt-raw-{MANY_SHARDS}", "pt", "raw", MANY_SHARDS)
     factories.update(imgpack_factories(f"pt {MANY_SHARDS} shards", root, None, threads=(1,)))
-    return interleaved(warm_up(factories), repeats)
+    return interleaved(warm_up(factories), repeats, max_foreign)
 
 
 def webdataset_pipeline(urls: list[str]) -> IterableDataset:
@@ -196,7 +176,7 @@ def stored_jpegs(root: Path) -> list[bytes]:
     return data
 
 
-def run_jpeg(src: Path, work: Path, repeats: int) -> dict[str, Any]:
+def run_jpeg(src: Path, work: Path, repeats: int, max_foreign: float) -> dict[str, Any]:
     """The JPEG section: imgpack readers vs webdataset's Pillow pipeline vs pure decode."""
     roots = {
         fmt: convert_source(
@@ -228,7 +208,7 @@ def run_jpeg(src: Path, work: Path, repeats: int) -> dict[str, Any]:
         factories[f"pure decode, {DECODE_CORES} processes"] = lambda: decode_contender(procs, jpegs)
         factories[f"pure decode, {DECODE_CORES} threads"] = lambda: decode_contender(threads, jpegs)
         factories["pure decode, 1 thread"] = lambda: decode_contender(single, jpegs)
-        runs = interleaved(warm_up(factories), repeats)
+        runs = interleaved(warm_up(factories), repeats, max_foreign)
     sizes = [len(d) for d in jpegs]
     return {"stored_jpeg_mean_bytes": float(np.mean(sizes)), "runs": runs}
 
@@ -288,13 +268,7 @@ def main() -> None:
         "--section",
         choices=("all", "raw", "jpeg", "crops"),
         default="all",
-        help="crops: crop= inside the decode against FFCV (scripts/bench_crops.py)",
-    )
-    p.add_argument(
-        "--max-foreign",
-        type=float,
-        default=MAX_FOREIGN_CORES,
-        help="crops: others' load (cores) that makes a measurement wait and retry",
+        help="crops: crop= inside the decode against FFCV (scripts/bench/crops.py)",
     )
     args = p.parse_args()
     info = machine_info()
@@ -314,14 +288,14 @@ def main() -> None:
     report, targets = [], []
     if args.section in ("all", "raw"):
         print("raw section", flush=True)
-        raw = run_raw(src, args.work / "read", args.repeats)
+        raw = run_raw(src, args.work / "read", args.repeats, args.max_foreign)
         table, rows = raw_report(raw)
         bound = median_rate(raw[MEMCPY])
         report.append(f"raw uint8 {CROP}x{CROP} (memcpy bound {bound:,.0f}/s):\n\n{table}")
         results["raw"], targets = {"runs": runs_json(raw)}, targets + rows
     if args.section in ("all", "jpeg"):
         print("jpeg section", flush=True)
-        jpeg = run_jpeg(src, args.work / "read", args.repeats)
+        jpeg = run_jpeg(src, args.work / "read", args.repeats, args.max_foreign)
         table, rows = jpeg_report(jpeg)
         kb = jpeg["stored_jpeg_mean_bytes"] / 1000
         report.append(
@@ -330,15 +304,13 @@ def main() -> None:
         jpeg["runs"] = runs_json(jpeg["runs"])
         results["jpeg"], targets = jpeg, targets + rows
     if args.section in ("all", "crops"):
-        import bench_crops  # it imports ffcv: only for this section, not before the others
-
         print("crops section", flush=True)
-        crops = bench_crops.run_crops(src, args.work / "read", args.repeats, args.max_foreign)
-        table, rows = bench_crops.crops_report(crops)
-        kb = crops["stored_jpeg_mean_bytes"] / 1000
+        cropped = crops.run_crops(src, args.work / "read", args.repeats, args.max_foreign)
+        table, rows = crops.crops_report(cropped)
+        kb = cropped["stored_jpeg_mean_bytes"] / 1000
         report.append(f"crops inside the decode (stored mean {kb:.1f} KB):\n\n{table}")
-        crops["runs"] = runs_json(crops["runs"])
-        results["crops"], targets = crops, targets + rows
+        cropped["runs"] = runs_json(cropped["runs"])
+        results["crops"], targets = cropped, targets + rows
     header = f"{n} images, batch {BATCH}, {args.repeats} interleaved rounds, samples/s medians"
     print("\n\n".join(["", header, *report, target_table(targets)]))
     results["targets"] = targets_json(targets)

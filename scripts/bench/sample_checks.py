@@ -5,7 +5,7 @@ pixels do not get); the raw ``wds`` gather, which now reads each ``.npy`` header
 pixels and compares it, against reading the pixels alone (what it did before). Interleaved
 rounds, medians.
 
-    .venv/bin/python scripts/bench_sample_checks.py --rounds 7
+    .venv/bin/python -m scripts.bench.sample_checks --rounds 7
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import readers
 from convert import ConvertOptions, convert_folder
 from readers.formats.checks import SampleCrcs
 from readers.formats.wds import WdsShard
-
-ROOT = Path(__file__).resolve().parent.parent
+from scripts.bench.settings import CROP, RESIZE, ROOT
 
 
 def per_second(fn: Callable[[], int], seconds: float) -> float:
@@ -48,11 +47,12 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="imgpack-checks-") as scratch:
         jpeg, raw = Path(scratch) / "jpeg", Path(scratch) / "raw"
-        convert_folder(args.folder, jpeg, ConvertOptions(format="pt", resize=256), progress=False)
-        raw_options = ConvertOptions(format="pt", encoding="raw", resize=256, center_crop=224)
+        jpeg_options = ConvertOptions(format="pt", resize=RESIZE)
+        convert_folder(args.folder, jpeg, jpeg_options, progress=False)
+        raw_options = ConvertOptions(format="pt", encoding="raw", resize=RESIZE, center_crop=CROP)
         convert_folder(args.folder, raw, raw_options, progress=False)
         tars = Path(scratch) / "wds"
-        wds_options = ConvertOptions(format="wds", encoding="raw", resize=256, center_crop=224)
+        wds_options = ConvertOptions(format="wds", encoding="raw", resize=RESIZE, center_crop=CROP)
         convert_folder(args.folder, tars, wds_options, progress=False)
         encoded = readers.open_dataset(jpeg, decode_threads=1)
         pixels = readers.open_dataset(raw, decode_threads=1)

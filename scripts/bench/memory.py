@@ -11,18 +11,19 @@ per-shard constant. A reader's peak RSS also counts the pages of mmap'd shards i
 (``pt`` and ``lmdb``: the kernel maps up to 64 KiB around each page read), which are the
 page cache's, shared and reclaimable: "private" is its anonymous memory (RssAnon) at the end.
 
-Usage: ``python scripts/bench_memory.py --work /tmp/mem-bench [--sizes 10000 100000]``
-(``--code DIR`` measures another checkout of imgpack, e.g. an older commit, with the same
-folders).
+Each conversion and each read is :mod:`scripts.bench.memory_probe` in a fresh process.
+``--rev REV`` measures an earlier commit instead, checked out by the A/B helper
+(:mod:`scripts.bench.ab`: this tree's benchmarks over that commit's ``readers`` and
+``convert``); ``--code DIR`` another checkout that has ``scripts/bench/``.
+
+Usage: ``python -m scripts.bench.memory --work /tmp/mem-bench [--sizes 10000 100000]
+[--rev e2c6b1e]``
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
+from contextlib import nullcontext
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
@@ -30,63 +31,14 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ROOT, machine_info, markdown_table, print_machine, write_json
-from make_sample_data import load_photo
+from scripts.bench import ab
+from scripts.bench.common import machine_info, markdown_table, print_machine, write_json
+from scripts.bench.settings import ROOT
+from scripts.make_sample_data import load_photo
 
 _TILE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 _CLASSES = 100
-
-# The peak RSS (KiB) of this process since its exec: VmHWM, not ru_maxrss, which also
-# counts the RSS of the process that forked it (this benchmark, or pytest).
-_PEAK = """
-def status_kib(field):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-def peak_kib():
-    return status_kib("VmHWM")
-"""
-
-# Runs in a fresh process: one conversion, then its peak RSS as JSON.
-_CONVERT = (
-    _PEAK
-    + """
-import json, sys
-from convert import ConvertOptions, convert_folder
-src, dst, fmt, encoding, workers = sys.argv[1:6]
-options = ConvertOptions(format=fmt, encoding=encoding)
-convert_folder(src, dst, options, workers=int(workers), overwrite=True, progress=False)
-print(json.dumps({"main_kib": peak_kib()}))
-"""
-)
-
-# Runs in a fresh process: open every shard, read random samples, report memory as JSON.
-_READ = (
-    _PEAK
-    + """
-import json, sys, tracemalloc
-import numpy as np
-import readers
-root, reads = sys.argv[1], int(sys.argv[2])
-ds = readers.open_dataset(root)
-tracemalloc.start()
-before = tracemalloc.get_traced_memory()[0]
-start = 0
-for shard in ds.manifest.shards:  # opens it, and loads its paths where they are lazy
-    ds.source_path(start)
-    start += shard.samples
-index_bytes = tracemalloc.get_traced_memory()[0] - before
-tracemalloc.stop()
-order = np.random.default_rng(0).permutation(len(ds))[:reads].tolist()
-for k in range(0, len(order), 256):
-    ds.__getitems__(order[k : k + 256])
-print(json.dumps({
-    "peak_kib": peak_kib(),
-    "anon_kib": status_kib("RssAnon"),
-    "index_bytes": index_bytes,
-}))
-"""
-)
+PROBE = "memory_probe"
 
 _tiles: list[np.ndarray] = []
 
@@ -123,33 +75,9 @@ def make_folder(root: Path, count: int, size: int) -> Path:
     return root
 
 
-def _run(code: Path, script: str, *args: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(code)}
-    done = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        cwd=code,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(done.stdout.splitlines()[-1])
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", type=Path, required=True, help="folders and datasets go here")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--image-size", type=int, default=32, help="tile side in px")
-    parser.add_argument("--formats", nargs="+", default=["pt", "hdf5", "lmdb", "wds"])
-    parser.add_argument("--encodings", nargs="+", default=["raw", "jpeg"])
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--reads", type=int, default=4096, help="random samples read")
-    parser.add_argument("--code", type=Path, default=ROOT, help="the imgpack checkout to run")
-    parser.add_argument("--json", type=Path, help="write the results here too")
-    args = parser.parse_args()
-    info = machine_info()
-    print_machine(info)
+def measure(args: argparse.Namespace, tree: Path) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+    """Every format and encoding at every size, converted and read by ``tree``'s code: the
+    table's rows and the results for the JSON."""
     rows, results = [], []
     for fmt in args.formats:
         for encoding in args.encodings:
@@ -157,10 +85,9 @@ def main() -> None:
             for count in args.sizes:
                 src = make_folder(args.work / f"tiles-{count}", count, args.image_size)
                 dst = args.work / f"{fmt}-{encoding}-{count}"
-                conversion = _run(
-                    args.code, _CONVERT, str(src), str(dst), fmt, encoding, str(args.workers)
-                )
-                reading = _run(args.code, _READ, str(dst), str(args.reads))
+                convert = ["convert", str(src), str(dst), fmt, encoding, str(args.workers)]
+                conversion = ab.run_child(tree, PROBE, convert)
+                reading = ab.run_child(tree, PROBE, ["read", str(dst), str(args.reads)])
                 measured.append({"samples": count, **conversion, **reading})
                 print(fmt, encoding, measured[-1], flush=True)
             (a, b) = (measured[0], measured[-1])
@@ -176,7 +103,12 @@ def main() -> None:
                     slope,
                 ]
             )
-    sizes = [f"{n // 1000}k" for n in args.sizes]
+    return rows, results
+
+
+def print_table(counts: list[int], rows: list[list[Any]]) -> None:
+    """The markdown table of ``rows``, a column per size of each measure."""
+    sizes = [f"{n // 1000}k" for n in counts]
     headers = [
         "format",
         "encoding",
@@ -186,6 +118,32 @@ def main() -> None:
         "index B/sample",
     ]
     print(markdown_table(headers, rows))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, required=True, help="folders and datasets go here")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--image-size", type=int, default=32, help="tile side in px")
+    parser.add_argument("--formats", nargs="+", default=["pt", "hdf5", "lmdb", "wds"])
+    parser.add_argument("--encodings", nargs="+", default=["raw", "jpeg"])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--reads", type=int, default=4096, help="random samples read")
+    code = parser.add_mutually_exclusive_group()
+    code.add_argument("--rev", help="measure this commit instead (a temporary git worktree)")
+    code.add_argument(
+        "--code", type=Path, default=ROOT, help="the imgpack checkout to run (with scripts/bench/)"
+    )
+    parser.add_argument("--json", type=Path, help="write the results here too")
+    args = parser.parse_args()
+    args.work = args.work.resolve()  # the probes run in the checkout measured
+    if not (args.code / "scripts" / "bench" / f"{PROBE}.py").is_file():
+        parser.error(f"--code {args.code} has no scripts/bench/{PROBE}.py: use --rev REV")
+    info = machine_info()
+    print_machine(info)
+    with ab.worktree(args.rev) if args.rev else nullcontext(args.code.resolve()) as tree:
+        rows, results = measure(args, tree)
+    print_table(args.sizes, rows)
     options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     write_json(args.json, {"machine": info, "args": options, "results": results})
 

@@ -8,9 +8,9 @@ JPEGs from the benchmark folder. The scaled decoders produce the smallest image 
 shorter side is still >= ``--target`` (256: what a conversion with ``--resize 256``
 needs), as the converter does unless ``--exact-resize``.
 
-The conversion speed-up this buys on large sources is ``scripts/bench_convert.py --large``.
+The conversion speed-up this buys on large sources is ``scripts.bench.convert --large``.
 
-    .venv/bin/python scripts/bench_decode.py [--folder bench-data/folder] [--repeats 5]
+    .venv/bin/python -m scripts.bench.decode [--folder bench-data/folder] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -26,13 +26,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageFilter
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_sample_data import load_photo
-
 import readers
 from readers.images.jpeg import dct_scale
+from scripts.bench.settings import FOLDER
+from scripts.make_sample_data import load_photo
 
-ROOT = Path(__file__).resolve().parent.parent
 MOSAIC = ("hubble", "coffee", "rocket", "astronaut", "chelsea", "china", "flower")
 
 
@@ -102,7 +100,7 @@ def per_image_ms(fn: Callable[[bytes], object], images: list[bytes], repeats: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--folder", type=Path, default=ROOT / "bench-data" / "folder")
+    parser.add_argument("--folder", type=Path, default=FOLDER)
     parser.add_argument("--images", type=int, default=200, help="ImageNet-sized ones")
     parser.add_argument("--large", type=int, default=8, help="2560x1440 ones")
     parser.add_argument("--target", type=int, default=256)

@@ -11,23 +11,20 @@ The S3 server is moto's, a Python process on the same 2 cores: its CPU time is c
 the benchmark's own, and every S3 request pays it, so the ratios are a conservative bound
 for a real object store (which adds network latency instead).
 
-    python scripts/bench_remote.py [--folder bench-data/folder] [--repeats 3] [--json F]
+    python -m scripts.bench.remote [--folder bench-data/folder] [--repeats 3] [--json F]
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench_common import (
-    ROOT,
-    Measurement,
-    interleaved,
+import readers
+from convert import ConvertOptions, convert_folder
+from scripts.bench.common import (
     machine_info,
     markdown_table,
-    median_rate,
     parser,
     print_machine,
     rates_text,
@@ -38,16 +35,14 @@ from bench_common import (
     targets_json,
     write_json,
 )
-
-sys.path.insert(0, str(ROOT))
-import readers
-from convert import ConvertOptions, convert_folder
+from scripts.bench.measure import Measurement, interleaved, median_rate
+from scripts.bench.settings import BATCH, CROP, RESIZE
 from scripts.s3_server import local_s3_server
 
 BUCKET = "imgpack-bench"
-OPTIONS = ConvertOptions("wds", resize=256, shuffle=True, shard_size=500)
-BATCH, WORKERS = 64, 2
-MAX_FOREIGN = 0.5  # the S3 server is this benchmark's own child; others still count
+OPTIONS = ConvertOptions("wds", resize=RESIZE, shuffle=True, shard_size=500)
+WORKERS = 2
+MAX_FOREIGN = 0.5  # default: the S3 server is this benchmark's own child; others still count
 
 
 def _convert(src: Path, dst: str) -> Callable[[], Measurement]:
@@ -64,7 +59,7 @@ def _stream(path: str) -> Callable[[], Measurement]:
         BATCH,
         stream=True,
         num_workers=WORKERS,
-        crop=readers.CenterCrop(224),
+        crop=readers.CenterCrop(CROP),
         persistent_workers=True,
     )
     epochs = iter(range(10**6))
@@ -85,7 +80,7 @@ def _stream(path: str) -> Callable[[], Measurement]:
 
 
 def main() -> None:
-    args = parser(__doc__.split("\n\n")[0]).parse_args()
+    args = parser(__doc__.split("\n\n")[0], MAX_FOREIGN).parse_args()
     info = machine_info()
     print_machine(info)
     src = source_folder(args)
@@ -96,13 +91,13 @@ def main() -> None:
         convert_runs = interleaved(
             {"local disk": _convert(src, local), "s3 (loopback)": _convert(src, remote)},
             args.repeats,
-            MAX_FOREIGN,
+            args.max_foreign,
         )
         print("stream:")
         stream_runs = interleaved(
             {"local disk": _stream(local), "s3 (loopback)": _stream(remote)},
             args.repeats,
-            MAX_FOREIGN,
+            args.max_foreign,
         )
     rows, targets = [], []
     for what, runs, unit, target in (

@@ -1,0 +1,136 @@
+"""Where samples are prepared: worker processes that read, decode, resize, crop and encode
+(the local executor's pool; the Ray tasks call the same :func:`prepare_files`).
+
+Each chunk of files travels to a worker with the folder it lies in and the recipe
+(:class:`convert.process.Transform`, which carries the decompression-bomb limit too):
+nothing reaches a worker through a module global or a process-wide setting, so one worker
+(run in the caller's process) behaves as a pool does and leaves the caller as it was.
+
+A worker's prepared chunk comes back as a file in a private spool folder, and only the
+file's name crosses the pool's result pipe. A write of under ``PIPE_BUF`` bytes to a pipe
+is atomic, so a worker killed at any moment (the OOM killer) leaves no half-written
+message: with megabytes of pixels in the pipe, the pool's reader thread waited forever
+for the rest of one, and the run hung instead of stopping resumably.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import os
+import pickle
+import signal
+import tempfile
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import torch
+
+from convert.process import Prepared, Transform, prepare
+
+__all__ = ["WorkerDiedError", "prepare_files", "prepared_in_order"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+class WorkerDiedError(OSError):
+    """A worker process died (killed, out of memory): the run stops, resumable."""
+
+
+def prepare_files(src: str, transform: Transform, relpaths: list[str]) -> list[Prepared | str]:
+    """Prepare files of ``src`` in order; a bad file gives its error message, not a raise."""
+    return [_prepare_file(src, transform, relpath) for relpath in relpaths]
+
+
+def _prepare_into_spool(src: str, transform: Transform, relpaths: list[str], spool: str) -> str:
+    """:func:`prepare_files` in a worker, its results written to a new file in ``spool``;
+    returns the file's path (a short message, written to the result pipe atomically)."""
+    results = prepare_files(src, transform, relpaths)
+    fd, path = tempfile.mkstemp(dir=spool, suffix=".prepared")
+    with os.fdopen(fd, "wb") as f:
+        pickle.dump(results, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return path
+
+
+def _take_from_spool(path: str) -> list[Prepared | str]:
+    """The results a worker left in ``path`` (the converter's own file: never a dataset's
+    bytes), removing the file."""
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    finally:
+        os.unlink(path)
+
+
+def _prepare_file(src: str, transform: Transform, relpath: str) -> Prepared | str:
+    try:
+        with open(os.path.join(src, relpath), "rb") as f:
+            data = f.read()
+        if not data:
+            raise ValueError(f"{relpath}: empty file")
+        return prepare(data, relpath, transform)
+    except OSError as e:
+        return f"{relpath}: cannot read: {e.strerror or e}"
+    except ValueError as e:
+        return str(e)
+
+
+def prepared_in_order(
+    src: Path, relpaths: list[str], transform: Transform, workers: int
+) -> Iterator[Prepared | str]:
+    """Prepared samples in input order, from a process pool (or in-process for 1 worker)."""
+    if workers <= 1:  # in this process, on one core as asked: torch's threads too
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for relpath in relpaths:
+                yield _prepare_file(str(src), transform, relpath)
+        finally:
+            torch.set_num_threads(threads)
+        return
+    chunk = max(1, min(16, len(relpaths) // (workers * 8)))
+    chunks = (relpaths[i : i + chunk] for i in range(0, len(relpaths), chunk))
+    spool = tempfile.TemporaryDirectory(prefix="imgpack-prepared-")
+    pool = ProcessPoolExecutor(workers, initializer=_init_worker)
+
+    def submit(part: list[str]) -> Future[str]:
+        return pool.submit(_prepare_into_spool, str(src), transform, part, spool.name)
+
+    try:
+        # A bounded window of chunks in flight: memory stays flat whatever the folder size,
+        # stopping early (an error, Ctrl-C) only waits for those, and a worker that dies
+        # (the OOM killer) fails the run instead of hanging it, as Pool.imap would.
+        in_flight: deque[Future[str]] = deque(map(submit, itertools.islice(chunks, 4 * workers)))
+        done = 0
+        while in_flight:
+            try:
+                results = _take_from_spool(in_flight.popleft().result())
+                in_flight.extend(map(submit, itertools.islice(chunks, 1)))  # raises once one died
+            except BrokenProcessPool as e:
+                raise WorkerDiedError(
+                    f"a worker process died while preparing {relpaths[done]} or the files "
+                    "after it (killed, or out of memory?): rerun with --resume"
+                ) from e
+            done += len(results)
+            yield from results
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # waits for the chunks running now
+        spool.cleanup()
+
+
+def _init_worker() -> None:
+    torch.set_num_threads(1)  # parallelism comes from the worker processes
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler: stop when told
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this worker when the main process dies (even by
+    SIGKILL), so that a killed conversion leaves no orphan workers behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

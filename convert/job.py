@@ -1,0 +1,65 @@
+"""A conversion as asked, once its source is scanned: what every executor is handed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from convert.options import ConvertOptions
+from convert.scan import Sample, Scan
+from convert.writers import Layout
+
+__all__ = ["BadInputError", "Job", "bad_input"]
+
+
+class BadInputError(ValueError):
+    """A source file could not be converted and ``on_error="fail"`` stops the run."""
+
+
+def bad_input(error: dict[str, str], resumable: bool) -> BadInputError:
+    """The error that stops a run at the bad file ``error`` names, with how to go on."""
+    how = "rerun with --resume" if resumable else "rerun"
+    return BadInputError(
+        f"{error['error']} [stopped by --on-error fail: fix or remove {error['path']} and "
+        f"{how}{'' if resumable else ', or use --on-error skip'}]"
+    )
+
+
+@dataclass(frozen=True)
+class Job:
+    """The source's samples in writing order and how to write them."""
+
+    src: Path
+    folder: Path  # where the shards are written: DST, or a bucket DST's staging folder
+    options: ConvertOptions
+    scan: Scan
+    samples: list[Sample]  # shuffled when asked
+    fingerprint: str  # of the sample list, which --resume checks
+    workers: int
+    on_error: str
+    progress: bool | None
+    staged: bool  # ``folder`` is on this machine only: the shards are uploaded from here
+
+    def layout(self) -> Layout:
+        """What every shard's writer is told about the samples."""
+        options = self.options
+        return Layout(
+            options.encoding,
+            options.transform.output_shape(),
+            tuple(self.scan.classes),
+            options.compression,
+        )
+
+    def progress_bar(self, initial: int) -> tqdm:
+        """The bar of samples done, starting at ``initial`` (those kept from before)."""
+        options = self.options
+        return tqdm(
+            total=len(self.samples),
+            initial=initial,
+            unit="img",
+            desc=f"{options.format}/{options.encoding}",
+            disable=None if self.progress is None else not self.progress,
+            smoothing=0.1,
+        )

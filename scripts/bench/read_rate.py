@@ -1,0 +1,89 @@
+"""One reader's samples/s, in this process: a child of the A/B helper (``scripts.bench.ab``).
+
+``--reader wds-stream``: a ``WdsStream`` over the ``wds`` dataset (shuffle window 1,000,
+seed 0) in a ``DataLoader``, what ``scripts.bench.loader --rev`` compares.
+``--reader make-loader``: ``readers.make_loader`` over a dataset of any format (shuffled).
+Batches of 64; ``--crop`` says how the images become 224x224: ``transform`` (a per-sample
+centre crop after the full decode), ``centre`` or ``random`` (``crop=`` inside the decode:
+``CenterCrop(224, ratio=224/256)``, ``RandomResizedCrop(224, flip=True)``), ``none``
+(stored at that size: raw). One untimed epoch, then ``--passes`` epochs timed; the result
+line is ``{"rate": samples/s, "unit": "samples/s"}``.
+
+    .venv/bin/python -m scripts.bench.ab --rev a662b92 --rounds 6 \\
+        read_rate bench-data/work/read/lmdb-jpeg --reader make-loader --crop centre
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import readers
+from scripts.bench.child import emit
+from scripts.bench.common import CenterCrop, batch_loader
+from scripts.bench.settings import BATCH, CROP, RESIZE
+
+CROPS: dict[str, Callable[[], dict[str, Any]]] = {
+    "transform": lambda: {"transform": CenterCrop(CROP)},
+    "centre": lambda: {"crop": readers.CenterCrop(CROP, ratio=CROP / RESIZE)},
+    "random": lambda: {"crop": readers.RandomResizedCrop(CROP, flip=True)},
+    "none": dict,
+}
+
+
+def wds_stream(root: Path, workers: int, options: dict[str, Any]) -> Callable[[int], Iterable]:
+    """An epoch's batches of a plain ``WdsStream`` in a ``DataLoader``."""
+    stream = readers.WdsStream(root, shuffle_buffer=1000, seed=0, **options)
+    loader = batch_loader(stream, workers)
+
+    def epoch(k: int) -> Iterable:
+        stream.set_epoch(k)
+        return loader
+
+    return epoch
+
+
+def make_loader(root: Path, workers: int, options: dict[str, Any]) -> Callable[[int], Iterable]:
+    """An epoch's batches of ``readers.make_loader``."""
+    loader = readers.make_loader(
+        root,
+        BATCH,
+        num_workers=workers,
+        decode_threads=1 if workers else None,
+        persistent_workers=workers > 0,
+        **options,
+    )
+
+    def epoch(k: int) -> Iterable:
+        loader.set_epoch(k)
+        return loader
+
+    return epoch
+
+
+READERS = {"wds-stream": wds_stream, "make-loader": make_loader}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dataset", type=Path, help="an imgpack dataset folder")
+    parser.add_argument("--reader", choices=READERS, default="wds-stream")
+    parser.add_argument("--crop", choices=CROPS, default="transform")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    parser.add_argument("--passes", type=int, default=3, help="timed epochs")
+    args = parser.parse_args()
+    epoch = READERS[args.reader](args.dataset, args.workers, CROPS[args.crop]())
+    for _ in epoch(0):  # workers started, page cache warm
+        pass
+    seen, start = 0, time.perf_counter()
+    for k in range(1, args.passes + 1):
+        for _images, labels in epoch(k):
+            seen += len(labels)
+    emit(rate=seen / (time.perf_counter() - start), unit="samples/s")
+
+
+if __name__ == "__main__":
+    main()
