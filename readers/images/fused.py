@@ -157,7 +157,7 @@ def crop_batch(
     rows: np.ndarray,
     run: Callable[[Callable[[int], None], Sequence[int]], Any],
     where: Callable[[int], str],
-    threads: int = 1,
+    threads: int,
 ) -> None:
     """Fill ``rows`` (uint8 ``[n, H, W, 3]``) with the crops of the stored ``values`` of
     samples ``indices``: sizes from the JPEG markers and every box drawn at once here,
