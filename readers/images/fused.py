@@ -185,11 +185,11 @@ def crop_batch(
         fast = kernel_decodes(headers, pixel_limit(None))  # over it: probe() raises
         sizes[:, 0], sizes[:, 1] = headers[:, HEIGHT], headers[:, WIDTH]
     found: list[Probe | None] = [None] * n
+    known = fast.copy()  # the rows whose size is known before decoding
     for row in np.flatnonzero(~fast):
-        found[row] = named(row, lambda v=values[row]: probe(v, turbo))
-        if found[row] is not None:
-            sizes[row] = found[row].height, found[row].width  # type: ignore[union-attr]
-    known = fast | np.array([f is not None for f in found], dtype=bool)
+        probed = found[row] = named(row, lambda v=values[row]: probe(v, turbo))
+        if probed is not None:
+            sizes[row], known[row] = (probed.height, probed.width), True
     boxes = np.zeros((n, 5), dtype=np.int64)
     if known.any():
         boxes[known] = crop.boxes(sizes[known], indices[known])
