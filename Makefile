@@ -4,13 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test lint format bench clean asan
 
 $(STAMP): setup.cfg setup.py
-	@# libturbojpeg for the fast JPEG path; without it imgpack falls back to Pillow.
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! ldconfig -p | grep -q libturbojpeg; then \
-		(apt-get update -qq && apt-get install -y -qq libturbojpeg0 >/dev/null) \
-		|| echo "warning: libturbojpeg0 not installed; JPEG decoding will use Pillow"; fi
+	@# libturbojpeg for the fast JPEG path (without it imgpack falls back to Pillow), and
+	@# libjpeg's headers for the compiled crop kernel (without them crops take the Python path).
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& { ! ldconfig -p | grep -q libturbojpeg || [ ! -e /usr/include/jpeglib.h ]; }; then \
+		(apt-get update -qq && apt-get install -y -qq libturbojpeg0 libjpeg62-turbo-dev >/dev/null) \
+		|| echo "warning: libturbojpeg0/libjpeg62-turbo-dev not installed; JPEG decoding will use Pillow"; fi
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	@# The CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build.
@@ -32,6 +34,16 @@ bench: setup
 	$(BIN)/python -m scripts.bench.convert --repeats 5 --json bench-data/results/convert.json
 	$(BIN)/python -m scripts.bench.read --repeats 5 --json bench-data/results/read.json
 
+# The crop kernel under AddressSanitizer (Python itself is not instrumented: libasan is
+# preloaded, leak checks off), then rebuilt as usual.
+ASAN_LIB = $(shell gcc -print-file-name=libasan.so)
+asan: setup
+	CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g -O1" LDFLAGS="-fsanitize=address" \
+		$(BIN)/python setup.py -q build_ext --inplace --force --build-temp build/asan
+	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$(ASAN_LIB) \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_kernel.py tests/test_crop.py; \
+		status=$$?; $(BIN)/python setup.py -q build_ext --inplace --force; exit $$status
+
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
@@ -39,4 +51,4 @@ format: setup
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) out bench-data *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) out bench-data *.egg-info .pytest_cache .ruff_cache build readers/images/jpegcrop*.so

@@ -295,6 +295,7 @@ class ImageDataset(Dataset):
             rows.numpy(),
             self._map,
             lambda row: f"{self.manifest.shard_path(located[row][0])}[{located[row][1]}]",
+            self.decode_threads or default_decode_threads(),
         )
 
     def _to_tensor(self, value: Any, shard: int, local: int) -> torch.Tensor:

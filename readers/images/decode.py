@@ -49,6 +49,7 @@ from readers.images.jpeg import (
     jpeg_header,
     xmp_orientation,
 )
+from readers.images.kernel import crop_kernel
 
 __all__ = [
     "ImageTooLargeError",
@@ -59,6 +60,7 @@ __all__ = [
     "decoder_name",
     "encode_jpeg",
     "orient",
+    "pixel_limit",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,9 +100,13 @@ def _turbojpeg() -> Any | None:
         return None
 
 
-def decoder_name() -> str:
-    """Which JPEG decoder this process uses: ``"turbojpeg"`` or ``"pillow"``."""
-    return "turbojpeg" if _turbojpeg() is not None else "pillow"
+def decoder_name(crop: bool = False) -> str:
+    """Which JPEG decoder this process uses: ``"turbojpeg"`` or ``"pillow"`` (what the
+    converter records). With ``crop=True``, the one of reads with ``crop=``:
+    ``"turbojpeg+kernel"`` where the compiled crop kernel (:mod:`readers.images.kernel`)
+    decodes them, else the same."""
+    name = "turbojpeg" if _turbojpeg() is not None else "pillow"
+    return f"{name}+kernel" if crop and name == "turbojpeg" and crop_kernel() else name
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,12 @@ def _prefix(name: str) -> str:
     return f"{name}: " if name else ""
 
 
+def pixel_limit(max_pixels: int | None) -> int | None:
+    """The decompression-bomb limit in force: ``max_pixels``, or without one Pillow's
+    ``PIL.Image.MAX_IMAGE_PIXELS`` (read now); None (or ``max_pixels=0``) for none."""
+    return Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels or None
+
+
 def check_pixels(width: int, height: int, name: str, max_pixels: int | None) -> None:
     """Refuse a decompression bomb: over ``max_pixels``, or without one over Pillow's
     limit, read per call so that a program raising it is obeyed. Shared by the Pillow,
@@ -207,7 +219,7 @@ def check_pixels(width: int, height: int, name: str, max_pixels: int | None) -> 
     Raises:
         ImageTooLargeError: ``width * height`` is over the limit.
     """
-    limit = Image.MAX_IMAGE_PIXELS if max_pixels is None else max_pixels or None
+    limit = pixel_limit(max_pixels)
     if limit is not None and width * height > limit:
         origin = "PIL.Image.MAX_IMAGE_PIXELS; " if max_pixels is None else ""
         raise ImageTooLargeError(

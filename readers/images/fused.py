@@ -7,10 +7,15 @@ or resized with torch's antialiased bilinear (torchvision's ``resize`` of uint8 
 and mirrored by the copy. Without DCT scaling the pixels equal a full decode followed by
 the same crop and resize on the tensor; with it they differ by a few levels.
 
-The fast path (libjpeg-turbo through :mod:`readers.images.turbo`) takes upright, complete
-JPEGs; everything else, and any JPEG libjpeg-turbo fails or warns on, is decoded by
-:func:`readers.decode_image` (PyTurboJPEG, else Pillow: the same judge of damaged files
-as every other path) and cropped from its pixels.
+Upright, complete baseline/progressive JPEGs go to the compiled kernel
+(:mod:`readers.images.kernel`): one call per decode thread for its slice of the batch, the
+GIL released, only the box decoded; it places a DCT-scaled box at its exact (fractional)
+position, so it comes closer to the full decode than the rounded box below. The Python
+path, for everything else and wherever the kernel is missing or refuses a sample: other
+upright JPEGs through libjpeg-turbo (:mod:`readers.images.turbo`); everything else, and any
+JPEG libjpeg-turbo fails or warns on, decoded by :func:`readers.decode_image` (PyTurboJPEG,
+else Pillow: the same judge of damaged files as every other path) and cropped from its
+pixels.
 """
 
 from __future__ import annotations
@@ -23,8 +28,16 @@ import torch
 import torch.nn.functional as F
 
 from readers.images.crop import Crop
-from readers.images.decode import check_pixels, decode_image
+from readers.images.decode import check_pixels, decode_image, decoder_name, pixel_limit
 from readers.images.jpeg import JPEG_EOI, is_jpeg, jpeg_header
+from readers.images.kernel import (
+    HEIGHT,
+    WIDTH,
+    crop_kernel,
+    crop_rows,
+    jpeg_headers,
+    kernel_decodes,
+)
 from readers.images.turbo import TurboDecoder, turbo_decoder
 from readers.spec import DatasetError
 
@@ -144,15 +157,19 @@ def crop_batch(
     rows: np.ndarray,
     run: Callable[[Callable[[int], None], Sequence[int]], Any],
     where: Callable[[int], str],
+    threads: int,
 ) -> None:
     """Fill ``rows`` (uint8 ``[n, H, W, 3]``) with the crops of the stored ``values`` of
     samples ``indices``: sizes from the JPEG markers and every box drawn at once here,
-    then ``run(fill, range(n))`` decodes (on the caller's threads) straight into the rows.
+    then ``run(fill, range(threads))`` decodes straight into the rows, each of the caller's
+    ``threads`` filling one interleaved slice: the JPEGs the compiled kernel takes in one
+    call without the GIL (:mod:`readers.images.kernel`), the rest one by one.
 
     Raises:
         DatasetError: naming the sample (``where(row)``) that cannot be decoded.
     """
     turbo = turbo_decoder()
+    kernel = crop_kernel() if decoder_name() == "turbojpeg" else None  # libjpeg-turbo too
 
     def named(row: int, fn: Callable[[], Any]) -> Any:
         try:
@@ -160,18 +177,41 @@ def crop_batch(
         except ValueError as e:  # name the sample only when it fails: this path is hot
             raise DatasetError(f"{where(row)}: {e}") from e
 
-    found = [named(row, lambda v=v: probe(v, turbo)) for row, v in enumerate(values)]
-    known = [row for row, f in enumerate(found) if f is not None]
-    boxes = np.zeros((len(values), 5), dtype=np.int64)
-    if known:
-        sizes = np.array([(found[row].height, found[row].width) for row in known])  # type: ignore[union-attr]
-        boxes[known] = crop.boxes(sizes, indices[known])
+    n = len(values)
+    sizes = np.zeros((n, 2), dtype=np.int64)
+    fast = np.zeros(n, dtype=bool)
+    if kernel is not None:
+        headers = jpeg_headers(kernel, values)
+        fast = kernel_decodes(headers, pixel_limit(None))  # over it: probe() raises
+        sizes[:, 0], sizes[:, 1] = headers[:, HEIGHT], headers[:, WIDTH]
+    found: list[Probe | None] = [None] * n
+    known = fast.copy()  # the rows whose size is known before decoding
+    for row in np.flatnonzero(~fast):
+        probed = found[row] = named(row, lambda v=values[row]: probe(v, turbo))
+        if probed is not None:
+            sizes[row], known[row] = (probed.height, probed.width), True
+    boxes = np.zeros((n, 5), dtype=np.int64)
+    if known.any():
+        boxes[known] = crop.boxes(sizes[known], indices[known])
 
-    def fill(row: int) -> None:
-        f = found[row]
-        if f is None:
+    def fill(row: int, probed: Probe | None) -> None:
+        if probed is None:
             named(row, lambda: fill_decoded(values[row], crop, int(indices[row]), rows[row]))  # type: ignore[arg-type]
         else:
-            named(row, lambda: fill_row(f, boxes[row], rows[row], turbo))
+            named(row, lambda: fill_row(probed, boxes[row], rows[row], turbo))
 
-    run(fill, range(len(values)))
+    by_kernel, one_by_one = np.flatnonzero(fast), np.flatnonzero(~fast)
+    step = max(1, min(threads, n))
+
+    def fill_slice(k: int) -> None:
+        failed = by_kernel[k::step]
+        if kernel is not None and len(failed):
+            failed = crop_rows(kernel, values, failed, boxes, sizes, rows)
+        for row in failed:  # libjpeg failed or warned: judged as without the kernel
+            data = values[row]
+            height, width = (int(v) for v in sizes[row])
+            fill(row, Probe(data if isinstance(data, bytes) else bytes(data), height, width))
+        for row in one_by_one[k::step]:
+            fill(row, found[row])
+
+    run(fill_slice, range(step))

@@ -1,0 +1,862 @@
+/* The compiled crop kernel of readers.images.kernel: JPEG headers of a batch, then each
+ * decode thread's slice decoded box-only, resized and mirrored straight into its batch rows.
+ *
+ * Two entry points, both run with the GIL released:
+ *   headers(values, out)  one row of HEADER_FIELDS int64 per value, from the markers alone
+ *                         (the walk of readers.images.jpeg.jpeg_header, plus the frame's
+ *                         type, precision and components);
+ *   crop(values, rows, boxes, sizes, out, status, out_h, out_w)
+ *                         for each row in `rows`: decode the box `boxes[row]` of the JPEG
+ *                         `values[row]` (of the size `sizes[row]`) with libjpeg
+ *                         (jpeg_crop_scanline for its columns, jpeg_skip_scanlines to an iMCU
+ *                         row above it, a scaled IDCT when the box is at least twice the
+ *                         output, the box then kept at its fractional position), resize it
+ *                         with torch's uint8 antialiased bilinear (bit-exact; AVX2 where the
+ *                         CPU has it), mirror it if asked, and store it into `out[row]`
+ *                         (uint8 [n, out_h, out_w, 3]); `status[row]` is 0, or the reason
+ *                         the caller must decode that sample its own way.
+ * A libjpeg error or warning is a status, never an abort: the caller's fallback judges the
+ * file. The rest of the entropy-coded data is still read after the box (without IDCT), so
+ * the kernel refuses exactly the files a full decode warns about.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+enum { HEADER_FIELDS = 8 };
+/* Columns of headers(): whether the markers parse, then what they say. */
+enum { H_PARSED, H_WIDTH, H_HEIGHT, H_ORIENTATION, H_FRAME, H_PRECISION, H_COMPONENTS, H_COMPLETE };
+
+enum {
+    CROP_OK = 0,
+    CROP_LIBJPEG = 1,     /* libjpeg failed or warned: the fallback judges the file */
+    CROP_UNSUPPORTED = 2, /* not what the kernel decodes (CMYK, another size than probed) */
+    CROP_MEMORY = 3,
+};
+
+enum { SLACK = 16 }; /* bytes readable after any source row: the AVX2 resize reads past it */
+enum { MAX_SCANS = 500 }; /* libjpeg-turbo's TJFLAG_LIMITSCANS: bounds a progressive decode */
+
+/* --- markers: readers.images.jpeg.jpeg_header, byte for byte ----------------------------- */
+
+typedef struct {
+    const uint8_t *data;
+    size_t size;
+} Bytes;
+
+static unsigned be16(const uint8_t *p) { return ((unsigned)p[0] << 8) | p[1]; }
+
+static uint32_t tiff32(const uint8_t *p, int big) {
+    return big ? ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3]
+               : ((uint32_t)p[3] << 24) | ((uint32_t)p[2] << 16) | ((uint32_t)p[1] << 8) | p[0];
+}
+
+static unsigned tiff16(const uint8_t *p, int big) {
+    return big ? ((unsigned)p[0] << 8) | p[1] : ((unsigned)p[1] << 8) | p[0];
+}
+
+/* exif_orientation(): the Orientation in IFD0; -1 where Python's is None. */
+static int64_t exif_orientation(const uint8_t *tiff, size_t n) {
+    int big;
+    if (n < 2) return -1;
+    if (tiff[0] == 'I' && tiff[1] == 'I') big = 0;
+    else if (tiff[0] == 'M' && tiff[1] == 'M') big = 1;
+    else return -1;
+    if (n < 8) return -1;
+    uint64_t ifd = tiff32(tiff + 4, big);
+    if (ifd + 2 > n) return -1;
+    uint64_t count = tiff16(tiff + ifd, big);
+    uint64_t stop = ifd + 2 + 12 * count;
+    if (n < 11) return -1;
+    if (stop > n - 11) stop = n - 11;
+    for (uint64_t entry = ifd + 2; entry < stop; entry += 12) {
+        unsigned tag = tiff16(tiff + entry, big), kind = tiff16(tiff + entry + 2, big);
+        uint32_t values = tiff32(tiff + entry + 4, big);
+        if (tag == 0x0112) {
+            if (values != 1 || (kind != 3 && kind != 4)) return 0;
+            return kind == 3 ? (int64_t)tiff16(tiff + entry + 8, big)
+                             : (int64_t)tiff32(tiff + entry + 8, big);
+        }
+    }
+    return -1;
+}
+
+/* xmp_orientation(): rb'tiff:Orientation(?:="|>)([0-9])', else 1. */
+static int64_t xmp_orientation(const uint8_t *xmp, size_t n) {
+    static const char key[] = "tiff:Orientation";
+    const size_t k = sizeof key - 1;
+    for (size_t i = 0; i + k < n; i++) {
+        if (memcmp(xmp + i, key, k) != 0) continue;
+        const uint8_t *p = xmp + i + k;
+        size_t left = n - i - k;
+        if (left >= 3 && p[0] == '=' && p[1] == '"' && p[2] >= '0' && p[2] <= '9') return p[2] - '0';
+        if (left >= 2 && p[0] == '>' && p[1] >= '0' && p[1] <= '9') return p[1] - '0';
+    }
+    return 1;
+}
+
+static int is_frame(unsigned marker) {
+    return marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC;
+}
+
+static int has_no_length(unsigned marker) {
+    return marker == 0x01 || (marker >= 0xD0 && marker <= 0xD9) || marker == 0xFF;
+}
+
+static int starts_with(const uint8_t *data, size_t n, size_t at, const char *prefix, size_t k) {
+    return at <= n && n - at >= k && memcmp(data + at, prefix, k) == 0;
+}
+
+/* One value's row of headers(); returns 0 when out of memory (EXIF spread over segments). */
+static int read_header(Bytes b, int64_t *out) {
+    static const char exif_header[] = "Exif\0\0";
+    static const char xmp_header[] = "http://ns.adobe.com/xap/1.0/";
+    const size_t exif_k = 6, xmp_k = sizeof xmp_header; /* the XMP header ends with its NUL */
+    const uint8_t *d = b.data;
+    size_t n = b.size, i = 2;
+    int found_size = 0, found_sos = 0;
+    uint8_t *exif = NULL;
+    size_t exif_n = 0;
+    const uint8_t *xmp = NULL;
+    size_t xmp_n = 0;
+    memset(out, 0, HEADER_FIELDS * sizeof *out);
+    if (n < 3 || d[0] != 0xFF || d[1] != 0xD8 || d[2] != 0xFF) return 1;
+    while (i + 4 <= n && d[i] == 0xFF) {
+        unsigned marker = d[i + 1];
+        if (marker == 0xDA) {
+            found_sos = 1;
+            break;
+        }
+        if (has_no_length(marker)) {
+            i += marker == 0xFF ? 1 : 2;
+            continue;
+        }
+        size_t length = be16(d + i + 2);
+        if (length < 2) break;
+        size_t start = i + 4, end = i + 2 + length, stop = end < n ? end : n;
+        if (is_frame(marker) && !found_size && length >= 7 && start + 5 <= n) {
+            found_size = 1;
+            out[H_FRAME] = marker;
+            out[H_PRECISION] = d[start];
+            out[H_HEIGHT] = be16(d + start + 1);
+            out[H_WIDTH] = be16(d + start + 3);
+            out[H_COMPONENTS] = start + 5 < n ? d[start + 5] : 0;
+        } else if (marker == 0xE1 && starts_with(d, n, start, exif_header, exif_k)) {
+            size_t from = start + exif_k;
+            if (from < stop) {
+                uint8_t *grown = realloc(exif, exif_n + (stop - from));
+                if (grown == NULL) {
+                    free(exif);
+                    return 0;
+                }
+                exif = grown;
+                memcpy(exif + exif_n, d + from, stop - from);
+                exif_n += stop - from;
+            }
+        } else if (marker == 0xE1 && starts_with(d, n, start, xmp_header, xmp_k)) {
+            size_t from = start + xmp_k;
+            xmp = d + from;
+            xmp_n = from < stop ? stop - from : 0;
+        }
+        i = end;
+    }
+    if (found_sos && found_size) {
+        int64_t orientation = exif_orientation(exif, exif_n);
+        out[H_PARSED] = 1;
+        out[H_ORIENTATION] = orientation >= 0 ? orientation : xmp_orientation(xmp, xmp_n);
+        out[H_COMPLETE] = n >= 2 && d[n - 2] == 0xFF && d[n - 1] == 0xD9;
+    } else {
+        memset(out, 0, HEADER_FIELDS * sizeof *out);
+    }
+    free(exif);
+    return 1;
+}
+
+/* --- Python buffers ---------------------------------------------------------------------- */
+
+/* The bytes of a stored value (bytes, bytearray, memoryview); NULL data for anything else. */
+static int get_bytes(PyObject *value, Py_buffer *view, Bytes *b) {
+    b->data = NULL;
+    b->size = 0;
+    view->obj = NULL;
+    if (!PyBytes_Check(value) && !PyByteArray_Check(value) && !PyMemoryView_Check(value)) return 0;
+    if (PyObject_GetBuffer(value, view, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    b->data = view->buf;
+    b->size = (size_t)view->len;
+    return 0;
+}
+
+static void release_all(Py_buffer *views, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (views[k].obj != NULL) PyBuffer_Release(&views[k]);
+}
+
+static int get_array(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize,
+                     Py_ssize_t items, const char *what) {
+    if (PyObject_GetBuffer(obj, view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view->len != itemsize * items) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd bytes, not %zd", what, view->len, itemsize * items);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *headers(PyObject *self, PyObject *args) {
+    PyObject *values, *out_obj;
+    Py_buffer out_view;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &values, &out_obj)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    if (get_array(out_obj, &out_view, 1, HEADER_FIELDS * sizeof(int64_t), n, "out") < 0) return NULL;
+    Py_buffer *views = PyMem_Calloc(n ? n : 1, sizeof *views);
+    Bytes *bytes = PyMem_Calloc(n ? n : 1, sizeof *bytes);
+    int ok = views != NULL && bytes != NULL;
+    if (!ok) PyErr_NoMemory();
+    for (Py_ssize_t k = 0; ok && k < n; k++)
+        ok = get_bytes(PyList_GET_ITEM(values, k), &views[k], &bytes[k]) == 0;
+    if (ok) {
+        int64_t *out = out_view.buf;
+        Py_BEGIN_ALLOW_THREADS;
+        for (Py_ssize_t k = 0; ok && k < n; k++) {
+            if (bytes[k].data == NULL) memset(out + k * HEADER_FIELDS, 0, HEADER_FIELDS * sizeof *out);
+            else ok = read_header(bytes[k], out + k * HEADER_FIELDS);
+        }
+        Py_END_ALLOW_THREADS;
+        if (!ok) PyErr_NoMemory();
+    }
+    if (views != NULL) release_all(views, n);
+    PyMem_Free(views);
+    PyMem_Free(bytes);
+    PyBuffer_Release(&out_view);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* --- torch's uint8 antialiased bilinear (aten/src/ATen/native/cpu/UpSampleKernel.cpp) ------ */
+
+/* The taps of one resized dimension: output i reads `size[i]` inputs from `first[i]` with the
+ * int16 weights `weights[i * taps ...]`, rounded at `precision` bits. */
+typedef struct {
+    int *first, *size;
+    int16_t *weights;
+    int taps, precision;
+} Taps;
+
+static void free_taps(Taps *t) {
+    free(t->first);
+    free(t->size);
+    free(t->weights);
+}
+
+static double triangle(double x) {
+    if (x < 0.0) x = -x;
+    return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+/* One dimension of a box: `in` source pixels, of which the box spans `extent` from
+ * `offset` (fractional in a DCT-scaled decode; 0 and `in` otherwise). */
+typedef struct {
+    int in;
+    double offset, extent;
+} Span;
+
+static int is_copy(Span s, int out) { return s.in == out && s.offset == 0.0 && s.extent == out; }
+
+/* HelperInterpBase::_compute_indices_int16_weights_aa with align_corners=False, no scale
+ * given, bilinear, antialias=True: the same doubles in the same order, so the same weights
+ * for a whole span (offset 0, extent in). A fractional span shifts and scales the centres. */
+static int make_taps(Taps *t, Span span, int out) {
+    const int in = span.in;
+    double scale = span.extent / (double)out;
+    double support = scale >= 1.0 ? 1.0 * scale : 1.0;
+    double invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
+    int taps = (int)ceil(support) * 2 + 1;
+    double *w = malloc((size_t)out * taps * sizeof *w);
+    t->first = malloc((size_t)out * sizeof *t->first);
+    t->size = malloc((size_t)out * sizeof *t->size);
+    t->weights = malloc((size_t)out * taps * sizeof *t->weights);
+    t->taps = taps;
+    if (w == NULL || t->first == NULL || t->size == NULL || t->weights == NULL) {
+        free(w);
+        free_taps(t);
+        return 0;
+    }
+    for (int i = 0; i < out; i++) {
+        double center = span.offset + scale * (i + 0.5), total = 0.0;
+        int64_t xmin = (int64_t)(center - support + 0.5), xmax = (int64_t)(center + support + 0.5);
+        if (xmin < 0) xmin = 0;
+        if (xmax > in) xmax = in;
+        int64_t xsize = xmax - xmin, j;
+        double *wi = w + (size_t)i * taps;
+        for (j = 0; j < xsize; j++) {
+            wi[j] = triangle(((double)(j + xmin) - center + 0.5) * invscale);
+            total += wi[j];
+        }
+        for (j = 0; j < xsize; j++)
+            if (total != 0.0) wi[j] /= total;
+        for (; j < taps; j++) wi[j] = 0.0;
+        t->first[i] = (int)xmin;
+        t->size[i] = (int)xsize;
+    }
+    double w_max = w[0];
+    for (size_t k = 0; k < (size_t)out * taps; k++)
+        if (w_max < w[k]) w_max = w[k];
+    int precision;
+    for (precision = 0; precision < 22; precision++)
+        if ((int)(0.5 + w_max * (1 << (precision + 1))) >= (1 << 15)) break;
+    t->precision = precision;
+    for (size_t k = 0; k < (size_t)out * taps; k++)
+        t->weights[k] = (int16_t)(w[k] < 0 ? (int)(-0.5 + w[k] * (1 << precision))
+                                           : (int)(0.5 + w[k] * (1 << precision)));
+    free(w);
+    return 1;
+}
+
+static uint8_t clamp8(int32_t v) { return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v; }
+
+/* Rows of `src` (`stride` bytes apart, `width` RGB pixels) resized horizontally into `dst`
+ * (out_w pixels a row, packed). */
+static void resize_rows(const uint8_t *src, size_t stride, int rows, const Taps *t, int out_w,
+                        uint8_t *dst, size_t dst_stride) {
+    const int32_t bias = t->precision > 0 ? 1 << (t->precision - 1) : 0;
+    for (int y = 0; y < rows; y++) {
+        const uint8_t *line = src + (size_t)y * stride;
+        uint8_t *o = dst + (size_t)y * dst_stride;
+        for (int x = 0; x < out_w; x++) {
+            const int16_t *k = t->weights + (size_t)x * t->taps;
+            const uint8_t *p = line + (size_t)t->first[x] * 3;
+            int32_t r = bias, g = bias, b = bias;
+            for (int j = 0; j < t->size[x]; j++, p += 3) {
+                r += p[0] * k[j];
+                g += p[1] * k[j];
+                b += p[2] * k[j];
+            }
+            uint8_t *q = o + (size_t)x * 3;
+            q[0] = clamp8(r >> t->precision);
+            q[1] = clamp8(g >> t->precision);
+            q[2] = clamp8(b >> t->precision);
+        }
+    }
+}
+
+/* Columns resized: output row y of `dst` from rows t->first[y]... of `src` (`n` bytes a row,
+ * `stride` apart); `acc` holds n int32. */
+static void resize_columns(const uint8_t *src, size_t stride, size_t n, const Taps *t, int out_h,
+                           uint8_t *dst, size_t dst_stride, int32_t *acc) {
+    const int32_t bias = t->precision > 0 ? 1 << (t->precision - 1) : 0;
+    for (int y = 0; y < out_h; y++) {
+        const int16_t *k = t->weights + (size_t)y * t->taps;
+        for (size_t i = 0; i < n; i++) acc[i] = bias;
+        for (int j = 0; j < t->size[y]; j++) {
+            const uint8_t *line = src + (size_t)(t->first[y] + j) * stride;
+            const int32_t kj = k[j];
+            for (size_t i = 0; i < n; i++) acc[i] += line[i] * kj;
+        }
+        uint8_t *o = dst + (size_t)y * dst_stride;
+        for (size_t i = 0; i < n; i++) o[i] = clamp8(acc[i] >> t->precision);
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+
+/* Two int16 weights in each int32 lane, as _mm_madd_epi16 pairs them. */
+#define PAIR256(a, b) _mm256_set1_epi32(pair(a, b))
+
+static int pair(int16_t a, int16_t b) { return (int)((uint32_t)(uint16_t)a | ((uint32_t)(uint16_t)b << 16)); }
+
+/* resize_rows with AVX2 and the same integers: Pillow-SIMD's pairing of taps (as torch's
+ * AVX2 kernel), two rows at once, one in each 128-bit lane. Reads up to 4 bytes past a row's
+ * last pixel (SLACK). */
+__attribute__((target("avx2"))) static void resize_rows_avx2(const uint8_t *src, size_t stride,
+                                                            int rows, const Taps *t, int out_w,
+                                                            uint8_t *dst, size_t dst_stride) {
+    const __m256i bias = _mm256_set1_epi32(t->precision > 0 ? 1 << (t->precision - 1) : 0);
+    const __m128i shift = _mm_cvtsi32_si128(t->precision);
+    const __m256i two = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
+                                          0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
+    const __m256i two_hi = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1,
+                                             6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
+    const __m256i one = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, -1, -1, -1, -1,
+                                          0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, -1, -1, -1, -1);
+    int y = 0;
+    for (; y + 1 < rows; y += 2) {
+        const uint8_t *line0 = src + (size_t)y * stride, *line1 = line0 + stride;
+        uint8_t *o0 = dst + (size_t)y * dst_stride, *o1 = o0 + dst_stride;
+        for (int x = 0; x < out_w; x++) {
+            const int16_t *k = t->weights + (size_t)x * t->taps;
+            const size_t at = (size_t)t->first[x] * 3;
+            const uint8_t *p0 = line0 + at, *p1 = line1 + at;
+            const int size = t->size[x];
+            __m256i acc = bias;
+            int j = 0;
+            for (; j + 3 < size; j += 4) {
+                __m256i px = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + j * 3))),
+                    _mm_loadu_si128((const __m128i *)(p1 + j * 3)), 1);
+                __m256i k01 = PAIR256(k[j], k[j + 1]);
+                __m256i k23 = PAIR256(k[j + 2], k[j + 3]);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two), k01));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two_hi), k23));
+            }
+            for (; j + 1 < size; j += 2) {
+                __m256i px = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p0 + j * 3))),
+                    _mm_loadl_epi64((const __m128i *)(p1 + j * 3)), 1);
+                acc = _mm256_add_epi32(
+                    acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two), PAIR256(k[j], k[j + 1])));
+            }
+            if (j < size) {
+                int32_t v0, v1;
+                memcpy(&v0, p0 + j * 3, 4);
+                memcpy(&v1, p1 + j * 3, 4);
+                __m256i px = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_cvtsi32_si128(v0)),
+                                                     _mm_cvtsi32_si128(v1), 1);
+                acc = _mm256_add_epi32(
+                    acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, one), PAIR256(k[j], 0)));
+            }
+            acc = _mm256_sra_epi32(acc, shift);
+            acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);
+            int32_t rgb0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
+            int32_t rgb1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
+            memcpy(o0 + (size_t)x * 3, &rgb0, 3);
+            memcpy(o1 + (size_t)x * 3, &rgb1, 3);
+        }
+    }
+    if (y < rows) resize_rows(src + (size_t)y * stride, stride, rows - y, t, out_w, dst + (size_t)y * dst_stride, dst_stride);
+}
+
+/* resize_columns with AVX2: 32 bytes of a row at a time, two taps per _mm256_madd_epi16 (the
+ * unpacks and packs stay within each 128-bit lane, so the bytes come out in order). */
+__attribute__((target("avx2"))) static void resize_columns_avx2(const uint8_t *src, size_t stride,
+                                                               size_t n, const Taps *t, int out_h,
+                                                               uint8_t *dst, size_t dst_stride,
+                                                               int32_t *acc) {
+    const __m256i bias = _mm256_set1_epi32(t->precision > 0 ? 1 << (t->precision - 1) : 0);
+    const __m256i zero = _mm256_setzero_si256();
+    const __m128i shift = _mm_cvtsi32_si128(t->precision);
+    const size_t wide = n / 32 * 32;
+    for (int y = 0; y < out_h; y++) {
+        const int16_t *k = t->weights + (size_t)y * t->taps;
+        const uint8_t *rows = src + (size_t)t->first[y] * stride;
+        const int size = t->size[y];
+        uint8_t *o = dst + (size_t)y * dst_stride;
+        for (size_t i = 0; i < wide; i += 32) {
+            __m256i s0 = bias, s1 = bias, s2 = bias, s3 = bias;
+            for (int j = 0; j < size; j += 2) {
+                __m256i a = _mm256_loadu_si256((const __m256i *)(rows + (size_t)j * stride + i));
+                __m256i b = j + 1 < size
+                                ? _mm256_loadu_si256((const __m256i *)(rows + (size_t)(j + 1) * stride + i))
+                                : zero;
+                __m256i kk = PAIR256(k[j], j + 1 < size ? k[j + 1] : 0);
+                __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
+                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), kk));
+                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), kk));
+                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), kk));
+                s3 = _mm256_add_epi32(s3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), kk));
+            }
+            s0 = _mm256_sra_epi32(s0, shift);
+            s1 = _mm256_sra_epi32(s1, shift);
+            s2 = _mm256_sra_epi32(s2, shift);
+            s3 = _mm256_sra_epi32(s3, shift);
+            __m256i packed = _mm256_packus_epi16(_mm256_packs_epi32(s0, s1), _mm256_packs_epi32(s2, s3));
+            _mm256_storeu_si256((__m256i *)(o + i), packed);
+        }
+        if (wide < n) { /* the last bytes of the row, in plain C */
+            Taps one_row = *t;
+            one_row.first = t->first + y;
+            one_row.size = t->size + y;
+            one_row.weights = t->weights + (size_t)y * t->taps;
+            resize_columns(src + wide, stride, n - wide, &one_row, 1, o + wide, dst_stride, acc);
+        }
+    }
+}
+#endif
+
+/* The resize's instructions: 0 plain C, 1 AVX2; the best the CPU has, at import. */
+static int use_simd = 0;
+
+static int best_simd(void) {
+#ifdef HAVE_AVX2
+    if (__builtin_cpu_supports("avx2")) return 1;
+#endif
+    return 0;
+}
+
+static void flip_rows(uint8_t *dst, size_t dst_stride, int rows, int width) {
+    for (int y = 0; y < rows; y++) {
+        uint8_t *a = dst + (size_t)y * dst_stride, *b = a + (size_t)(width - 1) * 3;
+        for (; a < b; a += 3, b -= 3)
+            for (int c = 0; c < 3; c++) {
+                uint8_t v = a[c];
+                a[c] = b[c];
+                b[c] = v;
+            }
+    }
+}
+
+static void resize_across(const uint8_t *src, size_t stride, int rows, const Taps *t, int out_w,
+                          uint8_t *dst, size_t dst_stride) {
+#ifdef HAVE_AVX2
+    if (use_simd) {
+        resize_rows_avx2(src, stride, rows, t, out_w, dst, dst_stride);
+        return;
+    }
+#endif
+    resize_rows(src, stride, rows, t, out_w, dst, dst_stride);
+}
+
+static void resize_down(const uint8_t *src, size_t stride, size_t n, const Taps *t, int out_h,
+                        uint8_t *dst, size_t dst_stride, int32_t *acc) {
+#ifdef HAVE_AVX2
+    if (use_simd) {
+        resize_columns_avx2(src, stride, n, t, out_h, dst, dst_stride, acc);
+        return;
+    }
+#endif
+    resize_columns(src, stride, n, t, out_h, dst, dst_stride, acc);
+}
+
+/* --- one thread's slice ------------------------------------------------------------------ */
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+} Errors;
+
+static void on_error(j_common_ptr cinfo) { longjmp(((Errors *)cinfo->err)->jump, 1); }
+
+static void on_message(j_common_ptr cinfo, int level) {
+    if (level < 0) longjmp(((Errors *)cinfo->err)->jump, 1); /* a warning: as an error */
+}
+
+static void on_progress(j_common_ptr cinfo) {
+    if (cinfo->is_decompressor && ((j_decompress_ptr)cinfo)->input_scan_number > MAX_SCANS)
+        longjmp(((Errors *)cinfo->err)->jump, 1);
+}
+
+/* Buffers one thread reuses across its samples (grown, never shrunk). */
+typedef struct {
+    uint8_t *pixels; /* the decoded rows of the box's columns */
+    size_t pixels_n;
+    uint8_t *box; /* a padded box, or the horizontally resized rows */
+    size_t box_n;
+    int32_t *acc;
+    size_t acc_n;
+} Scratch;
+
+static int grow(void **buffer, size_t *have, size_t need) {
+    need += SLACK;
+    if (*have >= need) return 1;
+    void *grown = realloc(*buffer, need);
+    if (grown == NULL) return 0;
+    *buffer = grown;
+    *have = need;
+    return 1;
+}
+
+typedef struct {
+    int64_t top, left, height, width, flip;
+} Box;
+
+/* fused.dct_factor: the largest divisor (8, 4, 2) keeping the box at least the output. */
+static int dct_factor(int64_t bh, int64_t bw, int out_h, int out_w) {
+    for (int d = 8; d >= 2; d /= 2)
+        if (bh / d >= out_h && bw / d >= out_w) return d;
+    return 1;
+}
+
+static int64_t ceil_div(int64_t v, int d) { return (v + d - 1) / d; }
+
+/* Resize (or copy) the box in `src` (`down.in` x `across.in` pixels, rows `stride` apart)
+ * into the row `out`. */
+static int place(const uint8_t *src, size_t stride, Span down_span, Span across_span, int flip,
+                 uint8_t *out, int out_h, int out_w, Scratch *s) {
+    size_t out_stride = (size_t)out_w * 3;
+    int bh = down_span.in, bw = across_span.in;
+    int across_n = !is_copy(across_span, out_w), down_n = !is_copy(down_span, out_h);
+    if (!across_n && !down_n) {
+        for (int y = 0; y < bh; y++) {
+            const uint8_t *line = src + (size_t)y * stride;
+            uint8_t *o = out + (size_t)y * out_stride;
+            if (!flip) memcpy(o, line, out_stride);
+            else
+                for (int x = 0; x < bw; x++) memcpy(o + (size_t)(bw - 1 - x) * 3, line + (size_t)x * 3, 3);
+        }
+        return 1;
+    }
+    Taps across = {0}, down = {0};
+    int ok = 1;
+    if (across_n) ok = make_taps(&across, across_span, out_w);
+    if (ok && down_n) ok = make_taps(&down, down_span, out_h);
+    if (ok && across_n && down_n) {
+        ok = grow((void **)&s->box, &s->box_n, (size_t)bh * out_stride) &&
+             grow((void **)&s->acc, &s->acc_n, out_stride * sizeof(int32_t));
+        if (ok) {
+            resize_across(src, stride, bh, &across, out_w, s->box, out_stride);
+            resize_down(s->box, out_stride, out_stride, &down, out_h, out, out_stride, s->acc);
+        }
+    } else if (ok && across_n) {
+        resize_across(src, stride, bh, &across, out_w, out, out_stride);
+    } else if (ok) {
+        ok = grow((void **)&s->acc, &s->acc_n, out_stride * sizeof(int32_t));
+        if (ok) resize_down(src, stride, out_stride, &down, out_h, out, out_stride, s->acc);
+    }
+    if (ok && flip) flip_rows(out, out_stride, out_h, out_w);
+    if (across_n) free_taps(&across);
+    if (down_n) free_taps(&down);
+    return ok;
+}
+
+/* Decode, crop, resize and store one sample; a CROP_* status. `cinfo` is ready for reuse
+ * afterwards whatever happened (jpeg_abort_decompress). */
+static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, uint8_t *out,
+                    int out_h, int out_w, int64_t want_h, int64_t want_w, Scratch *s) {
+    /* Everything changed after setjmp and read after a longjmp lives in `s` or is volatile. */
+    volatile int status = CROP_LIBJPEG;
+    if (setjmp(errors->jump)) {
+        jpeg_abort_decompress(cinfo);
+        return status;
+    }
+    jpeg_mem_src(cinfo, b.data, (unsigned long)b.size);
+    jpeg_read_header(cinfo, TRUE);
+    if ((int64_t)cinfo->image_width != want_w || (int64_t)cinfo->image_height != want_h ||
+        (cinfo->num_components != 1 && cinfo->num_components != 3) ||
+        cinfo->jpeg_color_space == JCS_CMYK || cinfo->jpeg_color_space == JCS_YCCK) {
+        jpeg_abort_decompress(cinfo);
+        return CROP_UNSUPPORTED;
+    }
+    int64_t img_h = cinfo->image_height, img_w = cinfo->image_width;
+    int inside = box.top >= 0 && box.left >= 0 && box.top + box.height <= img_h &&
+                 box.left + box.width <= img_w;
+    int d = inside ? dct_factor(box.height, box.width, out_h, out_w) : 1;
+    cinfo->out_color_space = JCS_RGB;
+    cinfo->scale_num = 1;
+    cinfo->scale_denom = (unsigned)d;
+    jpeg_start_decompress(cinfo);
+    int64_t H = cinfo->output_height, W = cinfo->output_width;
+    int64_t top = box.top, left = box.left, bh = box.height, bw = box.width;
+    Span down = {(int)bh, 0.0, (double)bh}, across = {(int)bw, 0.0, (double)bw};
+    if (d > 1) { /* the scaled pixels the box touches, and where in them its edges lie */
+        int64_t bottom = ceil_div(box.top + box.height, d), right = ceil_div(box.left + box.width, d);
+        top = box.top / d;
+        left = box.left / d;
+        if (bottom > H) bottom = H;
+        if (right > W) right = W;
+        bh = bottom - top;
+        bw = right - left;
+        down = (Span){(int)bh, (double)box.top / d - (double)top, (double)box.height / d};
+        across = (Span){(int)bw, (double)box.left / d - (double)left, (double)box.width / d};
+    }
+    /* The part of the box inside the image: rows [y0, y1), columns [x0, x1). */
+    int64_t y0 = top > 0 ? top : 0, y1 = top + bh < H ? top + bh : H;
+    int64_t x0 = left > 0 ? left : 0, x1 = left + bw < W ? left + bw : W;
+    int any = y1 > y0 && x1 > x0;
+    /* Decode one pixel more on each side, so fancy upsampling sees the full decode's, and
+     * at least two iMCU columns (16 pixels): libjpeg upsamples a component of 2 columns or
+     * fewer without its fancy filter, which would change the whole crop. */
+    JDIMENSION xoff = 0, xwidth = (JDIMENSION)W;
+    if (any) {
+        int64_t from = x0 > 0 ? x0 - 1 : 0, to = x1 < W ? x1 + 1 : W;
+        int64_t least = 2 * (int64_t)cinfo->max_h_samp_factor * cinfo->min_DCT_scaled_size;
+        if (least < 16) least = 16;
+        if (to - from < least) to = from + least < W ? from + least : W;
+        if (to - from < least) from = to - least > 0 ? to - least : 0;
+        xoff = (JDIMENSION)from;
+        xwidth = (JDIMENSION)(to - from);
+        if (xwidth < (JDIMENSION)W) jpeg_crop_scanline(cinfo, &xoff, &xwidth);
+        else xoff = 0, xwidth = (JDIMENSION)W;
+    }
+    size_t line = (size_t)xwidth * 3;
+    int64_t imcu = (int64_t)cinfo->max_v_samp_factor * cinfo->min_DCT_scaled_size;
+    int64_t first = any ? ((y0 > 0 ? y0 - 1 : 0) / imcu) * imcu : 0; /* an iMCU row's start */
+    int64_t last = any ? y1 : 0;
+    if (!grow((void **)&s->pixels, &s->pixels_n, (size_t)(last - first > 0 ? last - first : 1) * line)) {
+        status = CROP_MEMORY;
+        longjmp(errors->jump, 1);
+    }
+    if (first > 0) jpeg_skip_scanlines(cinfo, (JDIMENSION)first);
+    while ((int64_t)cinfo->output_scanline < last) {
+        JSAMPROW row = s->pixels + (size_t)((int64_t)cinfo->output_scanline - first) * line;
+        jpeg_read_scanlines(cinfo, &row, 1);
+    }
+    /* The rest of the entropy-coded data, without IDCT: its warnings are the full decode's. */
+    int64_t left_rows = H - (int64_t)cinfo->output_scanline;
+    if (left_rows > 1) jpeg_skip_scanlines(cinfo, (JDIMENSION)(left_rows - 1));
+    if ((int64_t)cinfo->output_scanline < H) {
+        if (!grow((void **)&s->box, &s->box_n, line)) {
+            status = CROP_MEMORY;
+            longjmp(errors->jump, 1);
+        }
+        JSAMPROW row = s->box;
+        jpeg_read_scanlines(cinfo, &row, 1);
+    }
+    jpeg_finish_decompress(cinfo);
+    /* Now the pixels: the box straight from the decoded rows, or zero-padded first. */
+    status = CROP_MEMORY;
+    const uint8_t *src;
+    size_t stride;
+    if (any && y0 == top && y1 == top + bh && x0 == left && x1 == left + bw) {
+        src = s->pixels + (size_t)(top - first) * line + (size_t)(left - (int64_t)xoff) * 3;
+        stride = line;
+        if (!place(src, stride, down, across, (int)box.flip, out, out_h, out_w, s)) return CROP_MEMORY;
+        return CROP_OK;
+    }
+    size_t padded_line = (size_t)bw * 3, padded_n = (size_t)bh * padded_line;
+    uint8_t *padded = malloc(padded_n + SLACK);
+    if (padded == NULL) return CROP_MEMORY;
+    memset(padded, 0, padded_n);
+    for (int64_t y = y0; any && y < y1; y++)
+        memcpy(padded + (size_t)(y - top) * padded_line + (size_t)(x0 - left) * 3,
+               s->pixels + (size_t)(y - first) * line + (size_t)(x0 - (int64_t)xoff) * 3,
+               (size_t)(x1 - x0) * 3);
+    int ok = place(padded, padded_line, down, across, (int)box.flip, out, out_h, out_w, s);
+    free(padded);
+    return ok ? CROP_OK : CROP_MEMORY;
+}
+
+static PyObject *crop(PyObject *self, PyObject *args) {
+    PyObject *values, *rows_obj, *boxes_obj, *out_obj, *status_obj, *sizes_obj;
+    int out_h, out_w;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!OOOOOii", &PyList_Type, &values, &rows_obj, &boxes_obj,
+                          &sizes_obj, &out_obj, &status_obj, &out_h, &out_w))
+        return NULL;
+    if (out_h <= 0 || out_w <= 0) {
+        PyErr_SetString(PyExc_ValueError, "the output size must be positive");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    Py_buffer rows_v, boxes_v, sizes_v, out_v, status_v;
+    if (PyObject_GetBuffer(rows_obj, &rows_v, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t m = rows_v.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *rows = rows_v.buf;
+    int got = 0;
+    if (get_array(boxes_obj, &boxes_v, 0, 5 * sizeof(int64_t), n, "boxes") == 0) got++;
+    if (got == 1 && get_array(sizes_obj, &sizes_v, 0, 2 * sizeof(int64_t), n, "sizes") == 0) got++;
+    if (got == 2 && get_array(out_obj, &out_v, 1, (Py_ssize_t)out_h * out_w * 3, n, "out") == 0) got++;
+    if (got == 3 && get_array(status_obj, &status_v, 1, sizeof(int32_t), n, "status") == 0) got++;
+    Py_buffer *views = NULL;
+    Bytes *bytes = NULL;
+    int ok = got == 4;
+    for (Py_ssize_t k = 0; ok && k < m; k++)
+        if (rows[k] < 0 || rows[k] >= n) {
+            PyErr_Format(PyExc_IndexError, "row %lld of a batch of %zd", (long long)rows[k], n);
+            ok = 0;
+        }
+    if (ok) {
+        views = PyMem_Calloc(m ? m : 1, sizeof *views);
+        bytes = PyMem_Calloc(m ? m : 1, sizeof *bytes);
+        if (views == NULL || bytes == NULL) ok = 0, PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; ok && k < m; k++) {
+        ok = get_bytes(PyList_GET_ITEM(values, rows[k]), &views[k], &bytes[k]) == 0;
+        if (ok && bytes[k].data == NULL) {
+            PyErr_SetString(PyExc_TypeError, "crop() decodes bytes-like values only");
+            ok = 0;
+        }
+    }
+    if (ok) {
+        const int64_t *boxes = boxes_v.buf, *sizes = sizes_v.buf;
+        uint8_t *out = out_v.buf;
+        int32_t *status = status_v.buf;
+        size_t row_bytes = (size_t)out_h * out_w * 3;
+        Py_BEGIN_ALLOW_THREADS;
+        struct jpeg_decompress_struct cinfo;
+        struct jpeg_progress_mgr progress;
+        Errors errors;
+        Scratch scratch = {0};
+        cinfo.err = jpeg_std_error(&errors.pub);
+        errors.pub.error_exit = on_error;
+        errors.pub.emit_message = on_message;
+        progress.progress_monitor = on_progress;
+        if (setjmp(errors.jump) == 0) {
+            jpeg_create_decompress(&cinfo);
+            cinfo.progress = &progress;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                int64_t row = rows[k];
+                const int64_t *bx = boxes + row * 5;
+                Box box = {bx[0], bx[1], bx[2], bx[3], bx[4]};
+                status[row] = box.height > 0 && box.width > 0
+                                  ? crop_one(&cinfo, &errors, bytes[k], box, out + row * row_bytes, out_h,
+                                             out_w, sizes[row * 2], sizes[row * 2 + 1], &scratch)
+                                  : CROP_UNSUPPORTED;
+            }
+            jpeg_destroy_decompress(&cinfo);
+        } else { /* jpeg_create_decompress itself failed: nothing decoded */
+            for (Py_ssize_t k = 0; k < m; k++) status[rows[k]] = CROP_MEMORY;
+        }
+        free(scratch.pixels);
+        free(scratch.box);
+        free(scratch.acc);
+        Py_END_ALLOW_THREADS;
+    }
+    if (views != NULL) release_all(views, m);
+    PyMem_Free(views);
+    PyMem_Free(bytes);
+    if (got > 3) PyBuffer_Release(&status_v);
+    if (got > 2) PyBuffer_Release(&out_v);
+    if (got > 1) PyBuffer_Release(&sizes_v);
+    if (got > 0) PyBuffer_Release(&boxes_v);
+    PyBuffer_Release(&rows_v);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* For the tests: a resize with fewer instructions than the CPU has (all give the same pixels). */
+static PyObject *set_simd(PyObject *self, PyObject *arg) {
+    (void)self;
+    long want = PyLong_AsLong(arg);
+    if (want == -1 && PyErr_Occurred()) return NULL;
+    int before = use_simd, best = best_simd();
+    use_simd = want < 0 ? 0 : want > best ? best : (int)want;
+    return PyLong_FromLong(before);
+}
+
+static PyMethodDef methods[] = {
+    {"set_simd", set_simd, METH_O,
+     "set_simd(level) -> int: the resize's instructions from now on, 0 plain C, 1 AVX2 "
+     "(at most what the CPU has); returns the previous level. Both give the same pixels "
+     "(the tests check)."},
+    {"headers", headers, METH_VARARGS,
+     "headers(values, out): int64 [n, 8] (parsed, width, height, orientation, frame marker, "
+     "precision, components, complete) from each value's JPEG markers; zeros for a value "
+     "that is not bytes-like or whose markers do not parse."},
+    {"crop", crop, METH_VARARGS,
+     "crop(values, rows, boxes, sizes, out, status, out_h, out_w): decode, crop, resize and "
+     "mirror values[row] into out[row] for each row, the GIL released; status[row] 0 or the "
+     "reason to decode it another way."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "jpegcrop", "The compiled JPEG crop kernel (see readers.images.kernel).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit_jpegcrop(void) {
+#ifdef HAVE_AVX2
+    __builtin_cpu_init();
+#endif
+    use_simd = best_simd();
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "HEADER_FIELDS", HEADER_FIELDS) < 0 ||
+        PyModule_AddIntConstant(m, "SIMD", use_simd) < 0 ||
+        PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION", LIBJPEG_TURBO_VERSION_NUMBER) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

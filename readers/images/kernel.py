@@ -1,0 +1,103 @@
+"""The compiled crop kernel (``readers/images/jpegcrop.c``), when it was built.
+
+Two calls per batch, neither holding the GIL: :func:`jpeg_headers` reads every sample's
+JPEG markers at once (what :func:`readers.images.jpeg.jpeg_header` reads, plus the frame's
+type and components), and :func:`crop_rows`, called once by each decode thread for its
+slice, decodes only the box of each JPEG (libjpeg's ``jpeg_crop_scanline`` and
+``jpeg_skip_scanlines``; a scaled IDCT under :func:`readers.images.fused.dct_factor`'s
+rule), resizes it with a port of torch's uint8 antialiased bilinear (bit-exact) and stores
+it, mirrored if asked, straight into its batch row.
+
+A sample the kernel does not take (:func:`kernel_decodes`: EXIF-rotated, CMYK, lossless,
+12-bit, incomplete...) or fails on (any libjpeg error or warning) is left to the Python
+path, which judges it as before. Without the compiled module, or with ``IMGPACK_KERNEL=0``
+(read once per process), everything takes the Python path, with one notice in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "KERNEL_ENV",
+    "crop_kernel",
+    "crop_rows",
+    "jpeg_headers",
+    "kernel_decodes",
+]
+
+log = logging.getLogger(__name__)
+
+KERNEL_ENV = "IMGPACK_KERNEL"  # "0" turns the kernel off
+# The columns of jpeg_headers() (the C file's H_* names).
+PARSED, WIDTH, HEIGHT, ORIENTATION, FRAME, PRECISION, COMPONENTS, COMPLETE = range(8)
+# SOF0 baseline, SOF1 extended sequential, SOF2 progressive (Huffman-coded, 8-bit).
+_FRAMES = (0xC0, 0xC1, 0xC2)
+
+
+@cache
+def crop_kernel() -> ModuleType | None:
+    """The compiled module, or None (noted once in the log) when it was not built or
+    ``IMGPACK_KERNEL=0`` turns it off."""
+    if os.environ.get(KERNEL_ENV, "").strip() == "0":
+        log.info("%s=0: crops decode through the Python path", KERNEL_ENV)
+        return None
+    try:
+        from readers.images import jpegcrop
+    except ImportError as e:
+        log.warning("the crop kernel is not built (%s); crops decode through the Python path", e)
+        return None
+    return jpegcrop
+
+
+def jpeg_headers(kernel: ModuleType, values: Sequence[Any]) -> np.ndarray:
+    """int64 ``[n, 8]``: per value, whether its JPEG markers parse (else a row of zeros, as
+    for pixels or other formats), its width, height, EXIF/XMP orientation, frame marker,
+    sample precision, components and whether it ends with EOI."""
+    out = np.empty((len(values), kernel.HEADER_FIELDS), dtype=np.int64)
+    kernel.headers(list(values), out)
+    return out
+
+
+def kernel_decodes(headers: np.ndarray, max_pixels: int | None) -> np.ndarray:
+    """Which samples the kernel takes: complete, upright, 8-bit Huffman-coded baseline or
+    progressive JPEGs of one or three components, at most ``max_pixels`` (None: no limit)."""
+    h = headers
+    take = (h[:, PARSED] == 1) & (h[:, COMPLETE] == 1) & np.isin(h[:, FRAME], _FRAMES)
+    take &= (h[:, PRECISION] == 8) & np.isin(h[:, COMPONENTS], (1, 3))
+    take &= ~np.isin(h[:, ORIENTATION], range(2, 9)) & (h[:, WIDTH] > 0) & (h[:, HEIGHT] > 0)
+    if max_pixels is not None:
+        take &= h[:, WIDTH] * h[:, HEIGHT] <= max_pixels
+    return take
+
+
+def crop_rows(
+    kernel: ModuleType,
+    values: Sequence[Any],
+    rows: np.ndarray,
+    boxes: np.ndarray,
+    sizes: np.ndarray,
+    out: np.ndarray,
+) -> np.ndarray:
+    """Decode the ``boxes`` (``[n, 5]`` top, left, height, width, flip) of the JPEGs
+    ``values[rows]`` (of upright ``sizes``, ``[n, 2]`` height, width) into ``out[rows]``
+    (uint8 ``[n, H, W, 3]``) in one call without the GIL; returns the rows it could not
+    decode, for the Python path."""
+    status = np.zeros(len(values), dtype=np.int32)
+    kernel.crop(
+        list(values),
+        np.ascontiguousarray(rows, dtype=np.int64),
+        np.ascontiguousarray(boxes, dtype=np.int64),
+        np.ascontiguousarray(sizes, dtype=np.int64),
+        out,
+        status,
+        *out.shape[1:3],
+    )
+    return rows[status[rows] != 0]

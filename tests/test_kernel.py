@@ -1,0 +1,459 @@
+"""The compiled crop kernel (``readers/images/jpegcrop.c``): the pixels of a full decode
+followed by the same box, torch's antialiased resize and flip, exactly (within a stated
+tolerance when the box decodes DCT-scaled); the Python path's verdict on every damaged file;
+batches that do not depend on the decode threads; a C file that compiles warning-free."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import readers
+from convert import ConvertOptions, convert_folder
+from readers.images import kernel
+from readers.images.decode import decode_image
+from readers.images.fused import crop_batch, dct_factor
+from readers.images.jpeg import jpeg_header
+from tests.photos import encode, photo_crop
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNEL_C = ROOT / "readers" / "images" / "jpegcrop.c"
+
+needs_kernel = pytest.mark.skipif(
+    kernel.crop_kernel() is None,
+    reason="the crop kernel is not built (pip install -e . or python setup.py build_ext --inplace)",
+)
+
+# How JPEGs are stored: Pillow's subsampling 0/1/2 = 4:4:4/4:2:2/4:2:0, and 4:1:1.
+ENCODINGS: dict[str, dict] = {
+    "444": {"subsampling": 0},
+    "422": {"subsampling": 1},
+    "420": {"subsampling": 2},
+    "411": {"subsampling": "4:1:1"},
+    "gray": {"gray": True},
+    "progressive-420": {"subsampling": 2, "progressive": True},
+    "progressive-gray": {"gray": True, "progressive": True},
+    "restart-420": {"subsampling": 2, "restart_marker_rows": 1},
+    "restart-444": {"subsampling": 0, "restart_marker_blocks": 3},
+}
+# (height, width): the benchmark's short side 256 both ways, odd sizes that end inside an
+# MCU, and small ones that a centre crop pads.
+SIZES = [(256, 341), (341, 256), (255, 257), (100, 333), (37, 61), (17, 23), (8, 8)]
+OUTPUTS = [(224, 224), (96, 128), (37, 53)]
+
+
+def jpeg(height: int, width: int, seed: int, gray: bool = False, **params: object) -> bytes:
+    """A q90 JPEG of a real photo crop."""
+    image = Image.fromarray(photo_crop(height, width, seed=seed))
+    return encode(image.convert("L") if gray else image, quality=90, **params)
+
+
+def reference(pixels: np.ndarray, box: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """The recipe the kernel must equal: the ``[3, H, W]`` tensor of a full decode, the box
+    (zero padding outside the image), ``F.interpolate(antialias=True)``, then the flip."""
+    top, left, bh, bw, flip = (int(v) for v in box)
+    image = torch.from_numpy(pixels).permute(2, 0, 1)
+    pad = max(0, -top, -left, top + bh - image.shape[1], left + bw - image.shape[2])
+    image = F.pad(image, (pad, pad, pad, pad))
+    out = image[:, top + pad : top + pad + bh, left + pad : left + pad + bw]
+    if tuple(out.shape[1:]) != size:
+        out = out[None].contiguous(memory_format=torch.channels_last)
+        out = F.interpolate(out, size=size, mode="bilinear", antialias=True, align_corners=False)[0]
+    return (out.flip(-1) if flip else out).permute(1, 2, 0).numpy()
+
+
+def edge_boxes(height: int, width: int, size: tuple[int, int]) -> np.ndarray:
+    """Boxes touching every edge and corner, the whole image, one-pixel boxes, and a centre
+    box of the output's size (padded where the image is smaller)."""
+    h2, w2 = max(1, height // 2), max(1, width // 2)
+    oh, ow = size
+    return np.array(
+        [
+            [0, 0, height, width, 0],
+            [0, 0, h2, w2, 1],
+            [0, width - w2, h2, w2, 0],
+            [height - h2, 0, h2, w2, 1],
+            [height - h2, width - w2, h2, w2, 0],
+            [0, 0, 1, 1, 0],
+            [height - 1, width - 1, 1, 1, 1],
+            [0, 0, height, 1, 0],
+            [height - 1, 0, 1, width, 1],
+            [(height - oh) // 2, (width - ow) // 2, oh, ow, 0],
+        ],
+        dtype=np.int64,
+    )
+
+
+def kernel_crop(data: bytes, boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """``boxes`` of one JPEG through the kernel alone; every row must decode there."""
+    n = len(boxes)
+    header = jpeg_header(data)
+    assert header is not None
+    out = np.zeros((n, *size, 3), dtype=np.uint8)
+    sizes = np.array([[header[1], header[0]]] * n)
+    failed = kernel.crop_rows(kernel.crop_kernel(), [data] * n, np.arange(n), boxes, sizes, out)
+    assert failed.size == 0, f"the kernel refused rows {failed}"
+    return out
+
+
+@pytest.fixture(params=[1, 0], ids=["avx2", "plain-c"])
+def simd(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Runs a test with each of the kernel's resizes: AVX2, plain C."""
+    module = kernel.crop_kernel()
+    if request.param > module.SIMD:
+        pytest.skip(f"this CPU (or build) has only resize level {module.SIMD}")
+    before = module.set_simd(request.param)
+    yield request.param
+    module.set_simd(before)
+
+
+@needs_kernel
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_kernel_crop_equals_full_decode_box_resize_flip(encoding: str, simd: int) -> None:
+    checked = 0
+    for k, (height, width) in enumerate(SIZES):
+        data = jpeg(height, width, seed=k, **ENCODINGS[encoding])
+        pixels = decode_image(data)
+        for size in OUTPUTS:
+            random_boxes = readers.RandomResizedCrop(size, flip=True, seed=k).boxes(
+                np.array([(height, width)] * 8), np.arange(8)
+            )
+            boxes = np.concatenate([edge_boxes(height, width, size), random_boxes])
+            boxes = boxes[[dct_factor(*box[2:4], *size) == 1 for box in boxes]]  # no DCT scaling
+            out = kernel_crop(data, boxes, size)
+            for box, got in zip(boxes, out, strict=True):
+                np.testing.assert_array_equal(got, reference(pixels, box, size), err_msg=str(box))
+                checked += 1
+    assert checked >= 300
+
+
+@needs_kernel
+def test_dct_scaled_crops_stay_close_to_the_full_decode() -> None:
+    """Boxes at least twice the output decode with libjpeg's scaled IDCT (the rule of
+    :func:`readers.images.fused.dct_factor`): measured over these 59 boxes mean 0.45 levels,
+    p99 5; the worst box alone 1.28 / 10 (448 px to 224: the scaled IDCT's low-pass with no
+    resize after it)."""
+    crops = [
+        readers.CenterCrop(224, ratio=224 / 256),
+        readers.RandomResizedCrop(224, flip=True, seed=3),
+        readers.RandomResizedCrop(112, flip=True, seed=4),
+    ]
+    diffs, scaled = [], 0
+    for seed, (height, width) in enumerate([(512, 683), (960, 720), (600, 800), (1000, 1500)]):
+        data = jpeg(height, width, seed=seed, subsampling=2)
+        pixels = decode_image(data)
+        for crop in crops:
+            boxes = crop.boxes(np.array([(height, width)] * 6), np.arange(6))
+            boxes = boxes[[dct_factor(*box[2:4], *crop.size) > 1 for box in boxes]]
+            for box, got in zip(boxes, kernel_crop(data, boxes, crop.size), strict=True):
+                want = reference(pixels, box, crop.size)
+                diffs.append(np.abs(got.astype(np.int16) - want).ravel())
+                scaled += 1
+    diff = np.concatenate(diffs)
+    assert scaled >= 40
+    mean, p99 = diff.mean(), np.quantile(diff, 0.99)
+    assert mean <= 0.5 and p99 <= 8, (mean, p99)
+
+
+def _sequential(fn: Callable[[int], None], items: range) -> list[None]:
+    return [fn(x) for x in items]
+
+
+@needs_kernel
+def test_crop_batch_sends_only_upright_complete_jpegs_to_the_kernel() -> None:
+    """EXIF-rotated, CMYK, PNG and pixel samples take the Python path (the kernel only
+    decodes upright JPEGs); the batch equals the recipe for all of them."""
+    photo = photo_crop(120, 150, seed=2)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    values: list[bytes | np.ndarray] = [
+        jpeg(120, 150, seed=1),
+        encode(Image.fromarray(photo), quality=90, exif=exif),  # rotated: the fallback's
+        encode(Image.fromarray(photo).convert("CMYK"), quality=90),
+        encode(photo, "PNG"),
+        photo,
+        jpeg(90, 60, seed=3, progressive=True),
+    ]
+    taken = kernel.kernel_decodes(kernel.jpeg_headers(kernel.crop_kernel(), values), None)
+    assert taken.tolist() == [True, False, False, False, False, True]
+    crop = readers.RandomResizedCrop((64, 80), flip=True, seed=9)
+    rows = np.zeros((len(values), 64, 80, 3), dtype=np.uint8)
+    indices = np.arange(len(values))
+    crop_batch(values, indices, crop, rows, _sequential, str, threads=2)
+    for row, value in enumerate(values):
+        pixels = value if isinstance(value, np.ndarray) else decode_image(value)
+        box = crop.boxes(np.array([pixels.shape[:2]]), indices[row : row + 1])[0]
+        np.testing.assert_array_equal(rows[row], reference(pixels, box, crop.size), str(row))
+
+
+@needs_kernel
+def test_headers_match_the_python_marker_walk(sample_data: Path) -> None:
+    files = sorted(sample_data.rglob("*.*g"))
+    values = [path.read_bytes() for path in files]
+    headers = kernel.jpeg_headers(kernel.crop_kernel(), values)
+    for path, data, row in zip(files, values, headers, strict=True):
+        parsed = jpeg_header(data) if data[:3] == b"\xff\xd8\xff" else None
+        got = tuple(row[[kernel.WIDTH, kernel.HEIGHT, kernel.ORIENTATION]]) if row[0] else None
+        assert got == (parsed[:3] if parsed else None), path.name
+
+
+# --- damaged files ------------------------------------------------------------------------
+FUZZ = r"""
+import json, os, random, sys
+import numpy as np
+import readers
+from readers.images import kernel
+from readers.images.fused import crop_batch, dct_factor
+from readers.images.jpeg import jpeg_header
+from readers.spec import DatasetError
+from tests.test_kernel import ENCODINGS, jpeg
+
+CASES = int(sys.argv[1])
+rng = random.Random(17)
+bases = [jpeg(72, 90, seed=k, **params) for k, params in enumerate(ENCODINGS.values())]
+SIZE = (40, 48)  # a box of a 72x90 image never decodes DCT-scaled for it
+
+
+def segments(data):
+    i, found = 2, []
+    while i + 4 <= len(data) and data[i] == 0xFF and data[i + 1] != 0xDA:
+        found.append(i)
+        i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return found or [2]
+
+
+def mutate(data):
+    kind = rng.choice(["truncate", "flip", "marker", "dimensions", "insert"])
+    b = bytearray(data)
+    if kind == "truncate":
+        b = b[: rng.randrange(2, len(b))]
+        if rng.random() < 0.5:
+            b += b"\xff\xd9"  # still ends like a complete file
+    elif kind == "flip":
+        start = 0 if rng.random() < 0.5 else segments(data)[-1]
+        for _ in range(rng.randint(1, 8)):
+            b[rng.randrange(start, len(b) - 2)] ^= rng.randrange(1, 256)
+    elif kind == "marker":
+        at = rng.choice(segments(data))
+        field = rng.choice([1, 2, 3])  # the marker, or its length
+        b[at + field] = rng.randrange(256)
+    elif kind == "dimensions":
+        at = data.index(b"\xff\xc0") if b"\xff\xc0" in data else data.index(b"\xff\xc2")
+        # over the decompression-bomb limit (refused from the header), or large enough
+        # that the data runs out (a decode of hundreds of megapixels is left out for time)
+        h, w = rng.choice([(0, 90), (72, 0), (65535, 65535), (20000, 9000), (1500, 2000),
+                           (73, 91), (1, 1), (rng.randrange(2000), rng.randrange(2000))])
+        b[at + 5 : at + 9] = bytes([h >> 8, h & 255, w >> 8, w & 255])
+    else:
+        at = rng.randrange(2, len(b) - 2)
+        b[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+    return kind, bytes(b)
+
+
+cases = [mutate(rng.choice(bases)) for _ in range(CASES)]
+
+
+def crop_for(data, index):
+    random_crop = readers.RandomResizedCrop(SIZE, flip=True, seed=index)
+    header = jpeg_header(data)
+    if header is None:
+        return random_crop
+    box = random_crop.boxes(np.array([(header[1], header[0])]), np.array([index]))[0]
+    # the kernel and the Python path place a DCT-scaled box differently: compare unscaled ones
+    return random_crop if dct_factor(*box[2:4], *SIZE) == 1 else readers.CenterCrop(SIZE)
+
+
+def outcome(data, index):
+    rows = np.zeros((1, *SIZE, 3), dtype=np.uint8)
+    try:
+        crop_batch([data], np.array([index]), crop_for(data, index), rows,
+                   lambda fn, items: [fn(x) for x in items], lambda row: "sample", 1)
+    except DatasetError as e:
+        return "error", str(e)
+    return "pixels", rows.tobytes().hex()
+
+
+with_kernel = [outcome(data, k) for k, (_, data) in enumerate(cases)]
+headers = kernel.jpeg_headers(kernel.crop_kernel(), [data for _, data in cases])
+taken = kernel.kernel_decodes(headers, None)
+header_mismatches = []
+for k, (_, data) in enumerate(cases):
+    parsed = jpeg_header(data) if data[:3] == b"\xff\xd8\xff" else None
+    got = tuple(int(v) for v in headers[k, [kernel.WIDTH, kernel.HEIGHT, kernel.ORIENTATION]])
+    if (got if headers[k, kernel.PARSED] else None) != (parsed[:3] if parsed else None):
+        header_mismatches.append(k)
+os.environ[kernel.KERNEL_ENV] = "0"
+kernel.crop_kernel.cache_clear()
+assert kernel.crop_kernel() is None
+without = [outcome(data, k) for k, (_, data) in enumerate(cases)]
+mismatches = [
+    {"case": k, "kind": cases[k][0], "kernel": a[0], "python": b[0], "text": (a[1][:99], b[1][:99])}
+    for k, (a, b) in enumerate(zip(with_kernel, without)) if a != b
+]
+print(json.dumps({
+    "cases": len(cases),
+    "taken_by_kernel": int(taken.sum()),
+    "decoded": sum(kind == "pixels" for kind, _ in with_kernel),
+    "errors": sum(kind == "error" for kind, _ in with_kernel),
+    "header_mismatches": header_mismatches,
+    "mismatches": mismatches[:20],
+}))
+"""
+
+
+@needs_kernel
+def test_fuzzed_jpegs_never_crash_and_match_the_python_path() -> None:
+    """2,000 mutated JPEGs (truncations, byte flips, damaged markers, huge dimensions,
+    inserted bytes) in a child process: a crash or hang fails this test, not the suite;
+    every one gives the Python path's pixels or its DatasetError text, and the kernel's
+    header walk agrees with :func:`readers.images.jpeg.jpeg_header` on each."""
+    result = subprocess.run(
+        [sys.executable, "-c", FUZZ, "2000"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["cases"] == 2000
+    assert report["header_mismatches"] == []
+    assert report["mismatches"] == []
+    # the kernel judged many damaged files itself (not all left to the fallback), and both
+    # outcomes occur
+    assert report["taken_by_kernel"] >= 500, report
+    assert report["decoded"] >= 200 and report["errors"] >= 200, report
+
+
+@needs_kernel
+def test_crop_refuses_rows_outside_the_batch_and_non_bytes() -> None:
+    module = kernel.crop_kernel()
+    data = jpeg(16, 16, seed=0)
+    out, boxes = np.zeros((1, 8, 8, 3), np.uint8), np.array([[0, 0, 8, 8, 0]])
+    with pytest.raises(IndexError):
+        kernel.crop_rows(module, [data], np.array([1]), boxes, np.array([[16, 16]]), out)
+    with pytest.raises(TypeError):
+        kernel.crop_rows(module, [np.zeros(3)], np.array([0]), boxes, np.array([[16, 16]]), out)
+    with pytest.raises(ValueError, match="out"):
+        two = out.repeat(2, 0)  # rows for two samples, one value
+        kernel.crop_rows(module, [data], np.array([0]), boxes, np.array([[16, 16]]), two)
+
+
+# --- threads, fallback, build -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def jpeg_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("kernel-src")
+    for k in range(24):
+        folder = src / f"class{k % 2}"
+        folder.mkdir(exist_ok=True)
+        height, width = SIZES[k % 4]
+        params = list(ENCODINGS.values())[k % len(ENCODINGS)]
+        (folder / f"{k}.jpg").write_bytes(jpeg(height, width, seed=k, **params))
+    dst = tmp_path_factory.mktemp("kernel-pt")
+    options = ConvertOptions(format="pt", encoding="original")
+    convert_folder(src, dst, options, workers=1, overwrite=True, progress=False)
+    return dst
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "crop",
+    [readers.RandomResizedCrop(224, flip=True, seed=2), readers.CenterCrop(224, ratio=224 / 256)],
+    ids=["random", "center"],
+)
+def test_batches_do_not_depend_on_decode_threads(jpeg_dataset: Path, crop) -> None:
+    batches = []
+    for threads in (1, 2):
+        ds = readers.open_dataset(jpeg_dataset, crop=crop, decode_threads=threads)
+        batches.append(readers.collate(ds.__getitems__(list(range(len(ds)))))[0])
+    assert torch.equal(batches[0], batches[1])
+
+
+# `make asan` preloads AddressSanitizer's runtime; a child needs it too to load the kernel.
+_SANITIZER = {k: v for k, v in os.environ.items() if k in ("LD_PRELOAD", "ASAN_OPTIONS")}
+
+
+def _child(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_SANITIZER, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+CROP_TWICE = """
+    import logging, sys
+    logging.basicConfig(level=logging.INFO)
+    {setup}
+    import numpy as np
+    import readers
+    from readers.images.fused import crop_batch
+    data = open("sample_data/scenes/china_00.jpg", "rb").read()
+    rows = np.zeros((2, 224, 224, 3), dtype=np.uint8)
+    crop = readers.RandomResizedCrop(224, flip=True, seed=1)  # a 427x640 photo: never DCT-scaled
+    for _ in range(2):
+        crop_batch([data, data], np.arange(2), crop, rows, lambda f, xs: [f(x) for x in xs], str, 2)
+    print(readers.decoder_name(), readers.decoder_name(crop=True), rows.tobytes().hex())
+"""
+
+
+@needs_kernel
+@pytest.mark.parametrize("how", ["IMGPACK_KERNEL=0", "not built"])
+def test_without_the_kernel_crops_take_the_python_path_with_one_notice(how: str) -> None:
+    kernel_run = _child(CROP_TWICE.format(setup=""))
+    assert kernel_run.returncode == 0, kernel_run.stderr
+    assert kernel_run.stdout.split()[:2] == ["turbojpeg", "turbojpeg+kernel"]
+    if how == "not built":  # as if the extension had not compiled
+        run = _child(CROP_TWICE.format(setup='sys.modules["readers.images.jpegcrop"] = None'))
+        notice = "the crop kernel is not built"
+    else:
+        run = _child(CROP_TWICE.format(setup=""), IMGPACK_KERNEL="0")
+        notice = "IMGPACK_KERNEL=0"
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[:2] == ["turbojpeg", "turbojpeg"]
+    assert run.stderr.count(notice) == 1, run.stderr
+    assert run.stdout.split()[2] == kernel_run.stdout.split()[2]  # the same pixels
+
+
+def test_kernel_c_compiles_without_warnings(tmp_path: Path) -> None:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc is not installed")
+    include = ["-I", sysconfig.get_paths()["include"]]
+    probe = subprocess.run(
+        [gcc, *include, "-E", "-x", "c", "-o", os.devnull, "-"],
+        input="#include <Python.h>\n#include <stdio.h>\n#include <jpeglib.h>\n",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"Python's or libjpeg's headers are missing: {probe.stderr.strip()[:200]}")
+    obj = str(tmp_path / "kernel.o")
+    for level in ("-O0", "-O3"):  # -Wclobbered (setjmp) only shows when optimising
+        result = subprocess.run(
+            [gcc, "-Wall", "-Wextra", "-Werror", level, *include, "-c", str(KERNEL_C), "-o", obj],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
