@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint format bench clean asan
 
-$(STAMP): setup.cfg setup.py
+$(STAMP): setup.cfg setup.py readers/images/jpegcrop.c
 	@# libturbojpeg for the fast JPEG path (without it imgpack falls back to Pillow), and
 	@# libjpeg's headers for the compiled crop kernel (without them crops take the Python path).
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
