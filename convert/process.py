@@ -12,6 +12,12 @@ leaves its shorter side at least :data:`DCT_REDUCING_GAP` times the ``--resize``
 and the resize maps the scaled pixels onto exactly the image they cover (Pillow's
 ``reducing_gap`` idea): measured against torchvision's Pillow path on real photos, see
 docs/FORMATS.md.
+
+An upright, complete 8-bit JPEG of one or three components is decoded and resized in one
+call of the compiled kernel (:mod:`readers.images.kernel`, the GIL released): the same
+pixels as the path above when nothing is DCT-scaled. Everything else, anything the kernel
+refuses, and a process without it (or with ``IMGPACK_KERNEL=0``) take the path above, so
+bad input is judged as before.
 """
 
 from __future__ import annotations
@@ -25,14 +31,17 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from readers.images import kernel as jk
 from readers.images.decode import (
     StoredImage,
     decode_image,
     decode_stored,
+    decoder_name,
     encode_jpeg,
     orient,
+    pixel_limit,
 )
-from readers.images.jpeg import is_jpeg
+from readers.images.jpeg import dct_scale, is_jpeg
 
 __all__ = [
     "DCT_REDUCING_GAP",
@@ -41,6 +50,7 @@ __all__ = [
     "center_crop",
     "prepare",
     "resize_shorter",
+    "shorter_size",
 ]
 
 DCT_REDUCING_GAP = 2.5
@@ -98,9 +108,7 @@ def resize_shorter(
     :attr:`readers.images.decode.StoredImage.extent`): the output size is computed from it, and
     the resize maps exactly that region onto the output, as the full-size path would."""
     h, w = extent or pixels.shape[:2]
-    short, long = (h, w) if h <= w else (w, h)
-    new_long = int(size * long / short)
-    new_h, new_w = (size, new_long) if h <= w else (new_long, size)
+    new_h, new_w = shorter_size(h, w, size)
     whole = (h, w) == pixels.shape[:2]
     if whole and (h, w) == (new_h, new_w):
         return pixels
@@ -120,6 +128,14 @@ def resize_shorter(
             recompute_scale_factor=False,
         )[:, :, :new_h, :new_w]
     return resized[0].permute(1, 2, 0).contiguous().numpy()
+
+
+def shorter_size(height: float, width: float, size: int) -> tuple[int, int]:
+    """``(height, width)`` after scaling the shorter side to ``size`` (torchvision's
+    ``Resize(size)``: the long side is ``int(size * long / short)``)."""
+    short, long = (height, width) if height <= width else (width, height)
+    new_long = int(size * long / short)
+    return (size, new_long) if height <= width else (new_long, size)
 
 
 def _scale_factor(have: int, spanned: float, out: int) -> float:
@@ -161,12 +177,42 @@ def prepare(data: bytes, name: str, t: Transform) -> Prepared:
         pixels = decode_image(data, name, max_pixels=t.max_pixels)
         return Prepared(data, _original_ext(data, name), pixels.shape)
     min_side = DCT_REDUCING_GAP * t.resize if t.resize and not t.exact_resize else None
-    pixels = _resized(decode_stored(data, name, min_side, max_pixels=t.max_pixels), t.resize)
+    pixels = _kernel_resized(data, t.resize, min_side, t.max_pixels) if t.resize else None
+    if pixels is None:
+        stored = decode_stored(data, name, min_side, max_pixels=t.max_pixels)
+        pixels = _resized(stored, t.resize)
     if t.center_crop:
         pixels = center_crop(pixels, t.center_crop)
     if t.encoding == "jpeg":
         return Prepared(encode_jpeg(pixels, t.quality), "jpg", pixels.shape)
     return Prepared(np.ascontiguousarray(pixels), "raw", pixels.shape)
+
+
+def _kernel_resized(
+    data: bytes, size: int, min_side: float | None, max_pixels: int | None
+) -> np.ndarray | None:
+    """``data`` decoded (DCT-scaled as far as ``min_side`` allows, :func:`dct_scale`) and
+    resized to ``size`` in one kernel call, or None where today's path must decode it: not
+    a JPEG the kernel takes (EXIF-rotated, CMYK, over ``max_pixels``...), a libjpeg error or
+    warning, no kernel, or Pillow as the decoder (whose pixels the kernel's are not)."""
+    kernel = jk.crop_kernel() if decoder_name() == "turbojpeg" else None
+    if kernel is None:
+        return None
+    headers = jk.jpeg_headers(kernel, [data])
+    if not jk.kernel_decodes(headers, pixel_limit(max_pixels))[0]:
+        return None
+    height, width = int(headers[0, jk.HEIGHT]), int(headers[0, jk.WIDTH])
+    out = np.empty((1, *shorter_size(height, width, size), 3), dtype=np.uint8)
+    failed = jk.crop_rows(
+        kernel,
+        [data],
+        np.zeros(1, dtype=np.int64),
+        np.array([[0, 0, height, width, 0]], dtype=np.int64),  # the whole image, unmirrored
+        np.array([[height, width]], dtype=np.int64),
+        out,
+        dct_scale(width, height, min_side)[1],
+    )
+    return None if len(failed) else out[0]
 
 
 def _resized(image: StoredImage, size: int | None) -> np.ndarray:

@@ -5,12 +5,14 @@
  *   headers(values, out)  one row of HEADER_FIELDS int64 per value, from the markers alone
  *                         (the walk of readers.images.jpeg.jpeg_header, plus the frame's
  *                         type, precision and components);
- *   crop(values, rows, boxes, sizes, out, status, out_h, out_w)
+ *   crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct])
  *                         for each row in `rows`: decode the box `boxes[row]` of the JPEG
  *                         `values[row]` (of the size `sizes[row]`) with libjpeg
  *                         (jpeg_crop_scanline for its columns, jpeg_skip_scanlines to an iMCU
  *                         row above it, a scaled IDCT when the box is at least twice the
- *                         output, the box then kept at its fractional position), resize it
+ *                         output, or by the denominator `dct` when the caller gives one (1,
+ *                         2, 4, 8: the converter's own rule), the box then kept at its
+ *                         fractional position), resize it
  *                         with torch's uint8 antialiased bilinear (bit-exact; AVX2 where the
  *                         CPU has it), mirror it if asked, and store it into `out[row]`
  *                         (uint8 [n, out_h, out_w, 3]); `status[row]` is 0, or the reason
@@ -622,7 +624,7 @@ static int place(const uint8_t *src, size_t stride, Span down_span, Span across_
 /* Decode, crop, resize and store one sample; a CROP_* status. `cinfo` is ready for reuse
  * afterwards whatever happened (jpeg_abort_decompress). */
 static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, uint8_t *out,
-                    int out_h, int out_w, int64_t want_h, int64_t want_w, Scratch *s) {
+                    int out_h, int out_w, int64_t want_h, int64_t want_w, int dct, Scratch *s) {
     /* Everything changed after setjmp and read after a longjmp lives in `s` or is volatile. */
     volatile int status = CROP_LIBJPEG;
     if (setjmp(errors->jump)) {
@@ -640,7 +642,7 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
     int64_t img_h = cinfo->image_height, img_w = cinfo->image_width;
     int inside = box.top >= 0 && box.left >= 0 && box.top + box.height <= img_h &&
                  box.left + box.width <= img_w;
-    int d = inside ? dct_factor(box.height, box.width, out_h, out_w) : 1;
+    int d = !inside ? 1 : dct > 0 ? dct : dct_factor(box.height, box.width, out_h, out_w);
     cinfo->out_color_space = JCS_RGB;
     cinfo->scale_num = 1;
     cinfo->scale_denom = (unsigned)d;
@@ -728,13 +730,17 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
 
 static PyObject *crop(PyObject *self, PyObject *args) {
     PyObject *values, *rows_obj, *boxes_obj, *out_obj, *status_obj, *sizes_obj;
-    int out_h, out_w;
+    int out_h, out_w, dct = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!OOOOOii", &PyList_Type, &values, &rows_obj, &boxes_obj,
-                          &sizes_obj, &out_obj, &status_obj, &out_h, &out_w))
+    if (!PyArg_ParseTuple(args, "O!OOOOOii|i", &PyList_Type, &values, &rows_obj, &boxes_obj,
+                          &sizes_obj, &out_obj, &status_obj, &out_h, &out_w, &dct))
         return NULL;
     if (out_h <= 0 || out_w <= 0) {
         PyErr_SetString(PyExc_ValueError, "the output size must be positive");
+        return NULL;
+    }
+    if (dct != 0 && dct != 1 && dct != 2 && dct != 4 && dct != 8) {
+        PyErr_SetString(PyExc_ValueError, "dct must be 0 (the crop rule), 1, 2, 4 or 8");
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(values);
@@ -790,7 +796,8 @@ static PyObject *crop(PyObject *self, PyObject *args) {
                 Box box = {bx[0], bx[1], bx[2], bx[3], bx[4]};
                 status[row] = box.height > 0 && box.width > 0
                                   ? crop_one(&cinfo, &errors, bytes[k], box, out + row * row_bytes, out_h,
-                                             out_w, sizes[row * 2], sizes[row * 2 + 1], &scratch)
+                                             out_w, sizes[row * 2], sizes[row * 2 + 1], dct,
+                                             &scratch)
                                   : CROP_UNSUPPORTED;
             }
             jpeg_destroy_decompress(&cinfo);
@@ -834,9 +841,11 @@ static PyMethodDef methods[] = {
      "precision, components, complete) from each value's JPEG markers; zeros for a value "
      "that is not bytes-like or whose markers do not parse."},
     {"crop", crop, METH_VARARGS,
-     "crop(values, rows, boxes, sizes, out, status, out_h, out_w): decode, crop, resize and "
-     "mirror values[row] into out[row] for each row, the GIL released; status[row] 0 or the "
-     "reason to decode it another way."},
+     "crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct]): decode, crop, "
+     "resize and mirror values[row] into out[row] for each row, the GIL released; status[row] "
+     "0 or the reason to decode it another way. dct: the IDCT's scale denominator (1, 2, 4, "
+     "8) for boxes inside the image; 0 (default) picks the largest keeping the box at least "
+     "the output."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -85,11 +85,14 @@ def crop_rows(
     boxes: np.ndarray,
     sizes: np.ndarray,
     out: np.ndarray,
+    dct_denominator: int | None = None,
 ) -> np.ndarray:
     """Decode the ``boxes`` (``[n, 5]`` top, left, height, width, flip) of the JPEGs
     ``values[rows]`` (of upright ``sizes``, ``[n, 2]`` height, width) into ``out[rows]``
     (uint8 ``[n, H, W, 3]``) in one call without the GIL; returns the rows it could not
-    decode, for the Python path."""
+    decode, for the Python path. ``dct_denominator`` (1, 2, 4, 8) scales the IDCT of boxes
+    inside the image by the caller's rule (the converter's); None: by
+    :func:`readers.images.fused.dct_factor`'s."""
     status = np.zeros(len(values), dtype=np.int32)
     kernel.crop(
         list(values),
@@ -99,5 +102,6 @@ def crop_rows(
         out,
         status,
         *out.shape[1:3],
+        dct_denominator or 0,
     )
     return rows[status[rows] != 0]

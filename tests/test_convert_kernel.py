@@ -1,0 +1,132 @@
+"""The converter's decode + resize through the compiled kernel against its Python path
+(``IMGPACK_KERNEL=0``): the same bytes when nothing is DCT-scaled, close when it is."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from convert import process
+from convert.process import DCT_REDUCING_GAP, Transform, prepare
+from readers.images import kernel
+from readers.images.decode import decoder_name
+from readers.manifest import load_manifest
+from tests.photos import encode, photo_crop, photo_folder
+from tests.test_kernel import ENCODINGS, ROOT, jpeg
+
+needs_kernel = pytest.mark.skipif(
+    kernel.crop_kernel() is None or decoder_name() != "turbojpeg",
+    reason="the crop kernel is not built, or PyTurboJPEG is missing",
+)
+
+# (height, width): the benchmark's short side 256 both ways, odd sizes ending inside an
+# MCU, and photos large enough for a DCT-scaled decode at the smaller targets.
+SIZES = [(256, 341), (341, 256), (255, 257), (100, 333), (481, 643), (700, 526), (1337, 999)]
+RESIZES = (64, 96, 224, 256)
+ENCODED = {name: ENCODINGS[name] for name in ("444", "422", "420", "gray", "progressive-420")}
+ENCODED["restart-420"] = ENCODINGS["restart-420"]
+# Against the Python path's DCT-scaled pixels (the same scaled IDCT; the resize's scale
+# computed from the extent rather than from interpolate's scale_factor): measured identical
+# here (0 mean, 0 max on every scaled output); the bounds allow a weight an ulp apart.
+SCALED_MEAN, SCALED_MAX = 0.1, 2
+
+
+@pytest.fixture
+def python_path() -> Iterator[None]:
+    """The converter without the kernel, as ``IMGPACK_KERNEL=0`` makes it."""
+    before = os.environ.get(kernel.KERNEL_ENV)
+    os.environ[kernel.KERNEL_ENV] = "0"
+    kernel.crop_kernel.cache_clear()
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[kernel.KERNEL_ENV]
+        else:
+            os.environ[kernel.KERNEL_ENV] = before
+        kernel.crop_kernel.cache_clear()
+
+
+def _sources() -> dict[str, bytes]:
+    return {
+        f"{name}-{h}x{w}": jpeg(h, w, seed=k, **params)
+        for k, (h, w) in enumerate(SIZES)
+        for name, params in ENCODED.items()
+    }
+
+
+def _outputs(transforms: list[Transform]) -> dict[tuple[str, Transform], np.ndarray]:
+    return {
+        (name, t): prepare(data, name, t).data
+        for name, data in _sources().items()
+        for t in transforms
+    }
+
+
+@needs_kernel
+@pytest.mark.parametrize("exact", [True, False], ids=["exact-resize", "default"])
+def test_kernel_conversion_equals_the_python_path(exact: bool, request) -> None:
+    transforms = [Transform("raw", size, exact_resize=exact) for size in RESIZES]
+    transforms.append(Transform("raw", 256, center_crop=224, exact_resize=exact))
+    with_kernel = _outputs(transforms)
+    for name, data in _sources().items():  # the kernel takes every one of them
+        assert process._kernel_resized(data, 64, None, None) is not None, name
+    request.getfixturevalue("python_path")
+    without = _outputs(transforms)
+    scaled = 0
+    for key, pixels in with_kernel.items():
+        name, t = key
+        assert pixels.shape == without[key].shape, key
+        height, width = (int(v) for v in name.rsplit("-", 1)[1].split("x"))
+        if exact or min(height, width) < 2 * DCT_REDUCING_GAP * t.resize:
+            assert np.array_equal(pixels, without[key]), key
+        else:
+            scaled += 1
+            diff = np.abs(pixels.astype(np.int16) - without[key])
+            assert diff.mean() <= SCALED_MEAN and diff.max() <= SCALED_MAX, (key, diff.max())
+    assert exact or scaled > 0  # the scaled branch was exercised
+
+
+@needs_kernel
+def test_non_kernel_inputs_take_the_python_path() -> None:
+    """PNG, EXIF-rotated and truncated JPEGs are not the kernel's: None, today's path."""
+    photo = photo_crop(300, 400, seed=1)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    rotated = encode(photo, quality=90, exif=exif.tobytes())
+    for data in (encode(photo, "PNG"), rotated, jpeg(300, 400, seed=1)[:-300]):
+        assert process._kernel_resized(data, 64, None, None) is None
+    assert prepare(rotated, "r", Transform("raw", 64)).shape == (85, 64, 3)
+
+
+CONVERT_OPTIONS = ("--format", "pt", "--encoding", "raw", "--resize", "256", "--center-crop", "224")
+CONVERT_OPTIONS += ("--workers", "2")
+
+
+def _convert(src: Path, dst: Path, **env: str) -> str:
+    subprocess.run(
+        [sys.executable, "-m", "convert.cli", "convert", str(src), str(dst), *CONVERT_OPTIONS],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    checksum = load_manifest(dst).content_sha256
+    assert checksum
+    return checksum
+
+
+@needs_kernel
+def test_conversion_checksum_is_the_same_with_and_without_the_kernel(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    src = photo_folder(tmp_path / "src", 12, 480, 640)  # short 480 < 2.5 * 2 * 256: unscaled
+    with_kernel = _convert(src, tmp_path / "kernel")
+    assert with_kernel == _convert(src, tmp_path / "python", IMGPACK_KERNEL="0")
