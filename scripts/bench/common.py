@@ -279,3 +279,12 @@ def write_json(path: Path | None, results: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     print(f"results written to {path}")
+
+
+def ffcv_import_error() -> str | None:
+    """Why ``ffcv`` (an optional, benchmark-only dependency) does not import, or ``None``."""
+    try:
+        import ffcv  # noqa: F401
+    except ImportError as e:
+        return f"{e}"
+    return None

@@ -2,7 +2,8 @@
 single-process Pillow + ``webdataset.ShardWriter`` script doing the same work; with
 ``--ray``, ``--executor ray`` on a local Ray instance of 2 CPUs against the local pool; with
 ``--large N``, the default (DCT-scaled) decode against ``--exact-resize`` on N 2560x1440
-JPEGs (:mod:`scripts.bench.decode`'s mosaics), 2 workers.
+JPEGs (:mod:`scripts.bench.decode`'s mosaics), 2 workers. Where ``ffcv`` imports (its own
+venv, docs/BENCHMARKS.md), FFCV's ``DatasetWriter`` with 2 workers joins the folder run.
 
 Every contender turns the source JPEGs into shorter-side-256 (bilinear) JPEGs of quality 90
 and writes them; the rounds are interleaved, the source files are in the page cache, and the
@@ -30,6 +31,7 @@ from PIL import Image
 
 from convert import ConvertOptions, convert_folder
 from scripts.bench.common import (
+    ffcv_import_error,
     image_files,
     machine_info,
     markdown_table,
@@ -57,6 +59,8 @@ DCT_PATHS = {"default (DCT-scaled)": False, "--exact-resize": True}  # name: exa
 RAY_CPUS = 2
 RAY_FORMATS = ("wds",)  # the shard writing differs by format, the Ray part does not
 BASELINE = "baseline (Pillow + wds.ShardWriter)"
+FFCV_WRITER = "ffcv DatasetWriter workers=2"
+TARGET_OVER_FFCV_WRITER = 2.0
 
 
 def baseline_convert(src: Path, dst: Path) -> int:
@@ -78,6 +82,50 @@ def baseline_convert(src: Path, dst: Path) -> int:
                 sink.write({"__key__": f"{written:010d}", "jpg": out.getvalue(), "cls": label})
                 written += 1
     return written
+
+
+class ResizedFolder:
+    """The source folder as an FFCV user feeds ``DatasetWriter``: Pillow decode, shorter side
+    to ``RESIZE`` (bilinear, torchvision's size rule), ``(image, label)`` per index."""
+
+    def __init__(self, src: Path) -> None:
+        classes = sorted(p.name for p in src.iterdir() if p.is_dir())
+        self.items = [
+            (path, label)
+            for label, name in enumerate(classes)
+            for path in sorted((src / name).iterdir())
+        ]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        path, label = self.items[i]
+        with Image.open(path) as image:
+            rgb = image.convert("RGB")
+        w, h = rgb.size
+        long = int(RESIZE * max(w, h) / min(w, h))
+        size = (RESIZE, long) if w <= h else (long, RESIZE)
+        return rgb.resize(size, Image.Resampling.BILINEAR), label
+
+
+def ffcv_convert(src: Path, workers: int) -> Callable[[Path], int]:
+    """FFCV 1.0.2's ``DatasetWriter`` writing the same short-256 images as JPEG q90
+    (``max_resolution=None``: FFCV's cap applies to the longer side), ``workers`` processes."""
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    def run(dst: Path) -> int:
+        dst.mkdir(parents=True)
+        source = ResizedFolder(src)
+        image = RGBImageField(write_mode="jpg", max_resolution=None, jpeg_quality=QUALITY)
+        writer = DatasetWriter(
+            str(dst / "data.beton"), {"image": image, "label": IntField()}, num_workers=workers
+        )
+        writer.from_indexed_dataset(source)
+        return len(source)
+
+    return run
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -271,6 +319,11 @@ def main() -> None:
             contenders[f"imgpack {fmt} workers={workers}"] = measured(
                 imgpack_run(src, fmt, workers), work / f"{fmt}-w{workers}", files
             )
+    ffcv_missing = ffcv_import_error()
+    if ffcv_missing is None:
+        contenders[FFCV_WRITER] = measured(ffcv_convert(src, 2), work / "ffcv", files)
+    else:
+        print(f"  FFCV DatasetWriter skipped: ffcv does not import ({ffcv_missing})", flush=True)
     runs = interleaved(contenders, args.repeats, args.max_foreign)
 
     rate = {name: median_rate(r) for name, r in runs.items()}
@@ -288,6 +341,9 @@ def main() -> None:
         targets.append(
             target_row(f"{fmt}: workers=2 / baseline", w2 / rate[BASELINE], TARGET_W2_OVER_BASELINE)
         )
+        if FFCV_WRITER in rate:
+            label = f"{fmt}: workers=2 / {FFCV_WRITER}"
+            targets.append(target_row(label, w2 / rate[FFCV_WRITER], TARGET_OVER_FFCV_WRITER))
     print(f"\n{n} images, {args.repeats} interleaved rounds\n\n{table}\n\n{target_table(targets)}")
     write_json(
         args.json,

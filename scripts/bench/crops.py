@@ -43,6 +43,7 @@ from scripts.bench.common import (
     batch_loader,
     convert_source,
     decode_contender,
+    ffcv_import_error,
     markdown_table,
     rates_text,
     target_row,
@@ -55,15 +56,6 @@ RANDOM = readers.RandomResizedCrop(CROP, flip=True)
 TARGET_OVER_FFCV = {"centre": 1.3, "random": 1.6}
 TARGET_OVER_DECODE = 1.15  # decoding less than the whole image must show
 TARGET_WORKERS = 0.9
-
-
-def ffcv_import_error() -> str | None:
-    """Why ``ffcv`` (an optional, benchmark-only dependency) does not import, or ``None``."""
-    try:
-        import ffcv  # noqa: F401
-    except ImportError as e:
-        return f"{e}"
-    return None
 
 
 def imgpack(root: Path, workers: int, nchw: bool = False, **kwargs: Any) -> Callable[[], Any]:
