@@ -624,7 +624,8 @@ static int place(const uint8_t *src, size_t stride, Span down_span, Span across_
 /* Decode, crop, resize and store one sample; a CROP_* status. `cinfo` is ready for reuse
  * afterwards whatever happened (jpeg_abort_decompress). */
 static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, uint8_t *out,
-                    int out_h, int out_w, int64_t want_h, int64_t want_w, int dct, Scratch *s) {
+                    int out_h, int out_w, int64_t want_h, int64_t want_w, int dct, int verified,
+                    Scratch *s) {
     /* Everything changed after setjmp and read after a longjmp lives in `s` or is volatile. */
     volatile int status = CROP_LIBJPEG;
     if (setjmp(errors->jump)) {
@@ -693,18 +694,21 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
         JSAMPROW row = s->pixels + (size_t)((int64_t)cinfo->output_scanline - first) * line;
         jpeg_read_scanlines(cinfo, &row, 1);
     }
-    /* The rest of the entropy-coded data, without IDCT: its warnings are the full decode's. */
-    int64_t left_rows = H - (int64_t)cinfo->output_scanline;
-    if (left_rows > 1) jpeg_skip_scanlines(cinfo, (JDIMENSION)(left_rows - 1));
-    if ((int64_t)cinfo->output_scanline < H) {
-        if (!grow((void **)&s->box, &s->box_n, line)) {
-            status = CROP_MEMORY;
-            longjmp(errors->jump, 1);
+    if (verified) { /* bytes known to decode cleanly: nothing after the box is needed */
+        jpeg_abort_decompress(cinfo);
+    } else { /* the rest of the entropy-coded data, without IDCT: the full decode's warnings */
+        int64_t left_rows = H - (int64_t)cinfo->output_scanline;
+        if (left_rows > 1) jpeg_skip_scanlines(cinfo, (JDIMENSION)(left_rows - 1));
+        if ((int64_t)cinfo->output_scanline < H) {
+            if (!grow((void **)&s->box, &s->box_n, line)) {
+                status = CROP_MEMORY;
+                longjmp(errors->jump, 1);
+            }
+            JSAMPROW row = s->box;
+            jpeg_read_scanlines(cinfo, &row, 1);
         }
-        JSAMPROW row = s->box;
-        jpeg_read_scanlines(cinfo, &row, 1);
+        jpeg_finish_decompress(cinfo);
     }
-    jpeg_finish_decompress(cinfo);
     /* Now the pixels: the box straight from the decoded rows, or zero-padded first. */
     status = CROP_MEMORY;
     const uint8_t *src;
@@ -730,10 +734,10 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
 
 static PyObject *crop(PyObject *self, PyObject *args) {
     PyObject *values, *rows_obj, *boxes_obj, *out_obj, *status_obj, *sizes_obj;
-    int out_h, out_w, dct = 0;
+    int out_h, out_w, dct = 0, verified = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!OOOOOii|i", &PyList_Type, &values, &rows_obj, &boxes_obj,
-                          &sizes_obj, &out_obj, &status_obj, &out_h, &out_w, &dct))
+    if (!PyArg_ParseTuple(args, "O!OOOOOii|ip", &PyList_Type, &values, &rows_obj, &boxes_obj,
+                          &sizes_obj, &out_obj, &status_obj, &out_h, &out_w, &dct, &verified))
         return NULL;
     if (out_h <= 0 || out_w <= 0) {
         PyErr_SetString(PyExc_ValueError, "the output size must be positive");
@@ -797,7 +801,7 @@ static PyObject *crop(PyObject *self, PyObject *args) {
                 status[row] = box.height > 0 && box.width > 0
                                   ? crop_one(&cinfo, &errors, bytes[k], box, out + row * row_bytes, out_h,
                                              out_w, sizes[row * 2], sizes[row * 2 + 1], dct,
-                                             &scratch)
+                                             verified, &scratch)
                                   : CROP_UNSUPPORTED;
             }
             jpeg_destroy_decompress(&cinfo);

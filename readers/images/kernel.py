@@ -86,13 +86,17 @@ def crop_rows(
     sizes: np.ndarray,
     out: np.ndarray,
     dct_denominator: int | None = None,
+    verified: bool = False,
 ) -> np.ndarray:
     """Decode the ``boxes`` (``[n, 5]`` top, left, height, width, flip) of the JPEGs
     ``values[rows]`` (of upright ``sizes``, ``[n, 2]`` height, width) into ``out[rows]``
     (uint8 ``[n, H, W, 3]``) in one call without the GIL; returns the rows it could not
     decode, for the Python path. ``dct_denominator`` (1, 2, 4, 8) scales the IDCT of boxes
     inside the image by the caller's rule (the converter's); None: by
-    :func:`readers.images.fused.dct_factor`'s."""
+    :func:`readers.images.fused.dct_factor`'s. ``verified`` (the bytes passed their CRC-32,
+    see :attr:`readers.formats.reader.ShardReader.verified`) stops each decode after the
+    box's last row; otherwise the rest is entropy-decoded too, so that damage anywhere
+    in the file fails as a full decode's would."""
     status = np.zeros(len(values), dtype=np.int32)
     kernel.crop(
         list(values),
@@ -103,5 +107,6 @@ def crop_rows(
         status,
         *out.shape[1:3],
         dct_denominator or 0,
+        verified,
     )
     return rows[status[rows] != 0]
