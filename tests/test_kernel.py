@@ -13,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -518,3 +519,39 @@ def test_stopping_after_the_box_gives_the_same_pixels(jpeg_dataset: Path, crop) 
         assert failed.tolist() == []
     np.testing.assert_array_equal(rows[0], rows[1])
     assert (boxes[:, 0] + boxes[:, 2] < sizes[:, 0]).any()  # some boxes end above the bottom
+
+
+@needs_kernel
+def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: Path) -> None:
+    # `pip wheel .` (what a release build runs, scripts/wheels/cibuildwheel.toml) puts the
+    # kernel in the wheel, and the wheels' smoke test crops a JPEG with that very file
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(ROOT),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    (wheel,) = tmp_path.glob("imgpack-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.startswith("readers/images/jpegcrop.")]
+        built = Path(archive.extract(name, tmp_path / "unpacked"))
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "wheels" / "check_wheel.py"), str(built)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "the crop kernel works" in check.stdout
