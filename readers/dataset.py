@@ -143,7 +143,8 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         if not located:
             return SampleBatch([], labels)
         if self.crop is not None and self.transform is None:
-            batch = new_batch((len(located), 3, *self.crop.size), torch.uint8)
+            shape = (len(located), 3, *self.crop.size)
+            batch = new_batch(shape, torch.uint8, channels_last=self.crop.channels_last)
             rows = batch.permute(0, 2, 3, 1)
             self._crop_into(self.crop, located, None, rows)
             return SampleBatch(batch, labels)
@@ -247,7 +248,11 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         if self.crop is None:
             image = self._to_tensor(value, shard, local)
         else:
-            rows = torch.empty((1, *self.crop.size, 3), dtype=torch.uint8)
+            height, width = self.crop.size
+            if self.crop.channels_last:
+                rows = torch.empty((1, height, width, 3), dtype=torch.uint8)
+            else:
+                rows = torch.empty((1, 3, height, width), dtype=torch.uint8).permute(0, 2, 3, 1)
             self._crop_into(self.crop, [(shard, local)], [value], rows)
             image = rows[0].permute(2, 0, 1)
         return self.transform(image) if self.transform is not None else image

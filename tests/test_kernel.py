@@ -99,12 +99,18 @@ def edge_boxes(height: int, width: int, size: tuple[int, int]) -> np.ndarray:
     )
 
 
-def kernel_crop(data: bytes, boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """``boxes`` of one JPEG through the kernel alone; every row must decode there."""
+def kernel_crop(
+    data: bytes, boxes: np.ndarray, size: tuple[int, int], planar: bool = False
+) -> np.ndarray:
+    """``boxes`` of one JPEG through the kernel alone (``planar``: into an NCHW array, seen
+    as NHWC); every row must decode there."""
     n = len(boxes)
     header = jpeg_header(data)
     assert header is not None
-    out = np.zeros((n, *size, 3), dtype=np.uint8)
+    if planar:
+        out = np.zeros((n, 3, *size), dtype=np.uint8).transpose(0, 2, 3, 1)
+    else:
+        out = np.zeros((n, *size, 3), dtype=np.uint8)
     sizes = np.array([[header[1], header[0]]] * n)
     failed = kernel.crop_rows(kernel.crop_kernel(), [data] * n, np.arange(n), boxes, sizes, out)
     assert failed.size == 0, f"the kernel refused rows {failed}"
@@ -136,6 +142,7 @@ def test_kernel_crop_equals_full_decode_box_resize_flip(encoding: str, simd: int
             boxes = np.concatenate([edge_boxes(height, width, size), random_boxes])
             boxes = boxes[[dct_factor(*box[2:4], *size) == 1 for box in boxes]]  # no DCT scaling
             out = kernel_crop(data, boxes, size)
+            np.testing.assert_array_equal(kernel_crop(data, boxes, size, planar=True), out)
             for box, got in zip(boxes, out, strict=True):
                 np.testing.assert_array_equal(got, reference(pixels, box, size), err_msg=str(box))
                 checked += 1
@@ -348,6 +355,15 @@ def test_fuzzed_jpegs_never_crash_and_match_the_python_path() -> None:
     # outcomes occur
     assert report["taken_by_kernel"] >= 500, report
     assert report["decoded"] >= 200 and report["errors"] >= 200, report
+
+
+@needs_kernel
+def test_crop_rows_takes_nhwc_or_the_nhwc_view_of_nchw_only() -> None:
+    data = jpeg(64, 80, seed=1)
+    boxes, sizes = np.array([[0, 0, 32, 32, 0]]), np.array([[64, 80]])
+    strided = np.zeros((1, 32, 64, 3), dtype=np.uint8)[:, :, ::2]
+    with pytest.raises(ValueError, match="NHWC"):
+        kernel.crop_rows(kernel.crop_kernel(), [data], np.zeros(1, np.int64), boxes, sizes, strided)
 
 
 @needs_kernel
