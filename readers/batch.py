@@ -4,7 +4,10 @@ batch, written in place by the decode threads (in shared memory inside a worker)
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -79,11 +82,38 @@ def new_batch(
         numel = int(np.prod(storage_shape))
         # the private allocator default_collate itself uses for worker batches
         storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
+        prefault(storage.data_ptr(), storage.nbytes())
         flat = torch.empty(0, dtype=dtype).set_(storage, 0, (numel,))
         batch = flat.view(storage_shape)
     else:
         batch = torch.empty(storage_shape, dtype=dtype)
     return batch.permute(0, 3, 1, 2) if channels_last else batch
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
+_PAGE = 4096
+
+
+@cache
+def _madvise() -> Any:
+    """libc's ``madvise``, or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    function = ctypes.CDLL(None, use_errno=True).madvise
+    function.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return function
+
+
+def prefault(address: int, size: int) -> bool:
+    """Fault in the fresh shared-memory pages at ``address`` for writing, in one call: a
+    worker's batch (9.6 MB for 64 images of 224x224) otherwise takes a page fault per 4 KiB
+    as the decode first writes it. Whether it was done (not on older kernels or off Linux,
+    where nothing changes but the time)."""
+    madvise = _madvise()
+    if madvise is None or size <= 0:
+        return False
+    start = address - address % _PAGE
+    return madvise(start, size + address - start, _MADV_POPULATE_WRITE) == 0
 
 
 def stack_images(
