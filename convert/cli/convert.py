@@ -1,4 +1,5 @@
-"""``imgpack convert``: parse the options, call :func:`convert.convert_folder`, report."""
+"""``imgpack convert``: parse the options, call :func:`convert.convert_folder` (any source:
+``convert.sources``), report."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 @click.command()
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src")
 @click.argument("dst")
 @click.option(
     "--format",
@@ -199,7 +200,7 @@ def _interrupt(signum: int, frame: object) -> None:
 @click.pass_context
 def convert(
     ctx: click.Context,
-    src: Path,
+    src: str,
     dst: str,
     fmt: str,
     encoding: str,
@@ -228,6 +229,11 @@ def convert(
     progress: bool | None,
 ) -> None:
     """Convert SRC, an image folder with one sub-folder per class, into DST.
+
+    SRC may also be an imgpack dataset of any format, a folder holding imgpack.json or a
+    URL: re-format, re-encode, resize, crop, re-shard or --shuffle it, with its labels,
+    class names and source paths carried over; the new manifest records the source and
+    its content checksum (raw to raw with no --resize/--center-crop keeps the checksum).
 
     DST is a folder, or a URL such as s3://bucket/prefix (fsspec; credentials from the
     usual chain: AWS_* variables including AWS_ENDPOINT_URL, ~/.aws, instance roles).
