@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from convert.cli.options import progress_option
 from convert.executors import EXECUTORS
 from convert.options import ON_ERROR, ConvertOptions, default_workers
 from convert.pipeline import ConversionInterrupted, convert_folder
@@ -192,11 +193,7 @@ def _interrupt(signum: int, frame: object) -> None:
     "(about one shard's space; the journal --resume needs is in the bucket, so any "
     "machine can resume) [default: ~/.cache/imgpack/staging/<hash of DST>].",
 )
-@click.option(
-    "--progress/--no-progress",
-    default=None,
-    help="Progress bar [default: on when stderr is a terminal].",
-)
+@progress_option
 @click.pass_context
 def convert(
     ctx: click.Context,
