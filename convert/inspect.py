@@ -18,7 +18,6 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,7 +41,7 @@ class Summary:
     """What :func:`summarize` found (``shapes``: over ``shapes_from`` samples)."""
 
     location: str
-    kind: str  # "imgpack" or "folder"
+    kind: str  # the source kind: "imgpack", "folder", "webdataset", "parquet"
     format: str | None
     encoding: str | None
     samples: int
@@ -59,7 +58,7 @@ class Summary:
 
     def describe(self, shown: int = 3) -> str:
         """A person-readable account; ``shown`` smallest and largest classes."""
-        what = f"imgpack {self.format}, {self.encoding}" if self.kind == "imgpack" else "folder"
+        what = f"imgpack {self.format}, {self.encoding}" if self.kind == "imgpack" else self.kind
         lines = [
             f"{self.location}  ({what})",
             f"samples    {self.samples:,}",
@@ -128,7 +127,6 @@ def summarize(path: str | os.PathLike[str], *, shape_samples: int = 1000, seed: 
         scan = source.scan(_LAYOUT_ONLY)
         samples = scan.samples
         per_class = Counter(s.label for s in samples)
-        folder = Path(source.where)
         summary = Summary(
             source.where,
             source.kind,
@@ -137,7 +135,7 @@ def summarize(path: str | os.PathLike[str], *, shape_samples: int = 1000, seed: 
             len(samples),
             list(scan.classes),
             {c: per_class[i] for i, c in enumerate(scan.classes)},
-            sum(os.stat(folder / s.relpath).st_size for s in samples),
+            source.stored_bytes(samples),
             "",
         )
     chosen = _seeded_sample(samples, shape_samples, seed)

@@ -105,7 +105,7 @@ def convert_folder(
         if is_url(dst)
         else LocalDestination(local_path(dst))
     )
-    source = open_source(src)
+    source = open_source(src, options.label_key)
     # The destination first: a busy, forbidden or missing one is refused before the scan,
     # which takes minutes on ImageNet.
     destination.claim(source.local_folder, overwrite, resume)

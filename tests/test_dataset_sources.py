@@ -216,3 +216,159 @@ def test_a_killed_dataset_conversion_resumes_to_the_uninterrupted_result(tmp_pat
     want, got = readers.load_manifest(reference), readers.load_manifest(dst)
     assert got.content_sha256 == want.content_sha256
     assert got.shards == want.shards  # the very same bytes, shard for shard
+
+
+# --- foreign sources: WebDataset tars and Hugging Face Parquet ------------------------------
+CLASSES = ("nature", "people", "scenes", "space")
+
+
+def sample_files() -> list[Path]:
+    return sorted(p for p in SAMPLE_DATA.rglob("*.*") if p.suffix in (".jpg", ".png"))
+
+
+@pytest.fixture(scope="module")
+def folder_raw(tmp_path_factory: pytest.TempPathFactory) -> readers.Manifest:
+    """sample_data converted from its folder, as the foreign sources are converted below."""
+    dst = tmp_path_factory.mktemp("folder-raw") / "dst"
+    convert(SAMPLE_DATA, dst, "pt", **RAW)
+    return readers.load_manifest(dst)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sample_data as WebDataset tars written by webdataset.ShardWriter: the key is the
+    relative path without its extension, the class number in ``cls``, its name in ``txt``."""
+    import webdataset
+
+    folder = tmp_path_factory.mktemp("foreign-wds")
+    with webdataset.ShardWriter(str(folder / "train-%04d.tar"), maxcount=10, verbose=0) as sink:
+        for path in sample_files():
+            rel = path.relative_to(SAMPLE_DATA)
+            sink.write(
+                {
+                    "__key__": str(rel.with_suffix("")),
+                    path.suffix[1:]: path.read_bytes(),
+                    "cls": CLASSES.index(rel.parts[0]),
+                    "txt": rel.parts[0],
+                }
+            )
+    return folder
+
+
+def test_webdataset_tars_of_other_tools_convert_like_the_folder(shards, folder_raw, tmp_path):
+    classes = tmp_path / "classes.txt"
+    classes.write_text("\n".join(CLASSES) + "\n")
+    srcs = {
+        "folder": [str(shards)],
+        "brace": [str(shards / "train-{0000..0003}.tar")],
+        "glob": [str(shards / "train-*.tar")],
+        "names": [str(shards), "--label-key", "txt"],
+    }
+    for name, src in srcs.items():
+        out = tmp_path / name
+        extra = ["--classes", str(classes)] if name != "names" else []
+        args = ["convert", *src, str(out), "--format", "pt", "--encoding", "raw", *extra]
+        geometry = ["--resize", "72", "--center-crop", "64", "--exact-resize"]
+        result = CliRunner().invoke(main, [*args, *geometry])
+        assert result.exit_code == 0, (name, result.output)
+        manifest = readers.load_manifest(out)
+        # the tar member names are the folder's relative paths: the same samples exactly
+        assert manifest.content_sha256 == folder_raw.content_sha256, name
+        assert manifest.classes == CLASSES and manifest.source["kind"] == "webdataset"
+    numeric = tmp_path / "numeric"
+    convert(shards, numeric, "pt", **RAW)
+    assert readers.load_manifest(numeric).classes == ("0", "1", "2", "3")
+
+
+def test_webdataset_bad_samples_are_listed_by_their_member_names(shards, tmp_path):
+    import webdataset
+
+    src = tmp_path / "bad"
+    src.mkdir()
+    for tar in shards.glob("*.tar"):
+        (src / tar.name).write_bytes(tar.read_bytes())
+    with webdataset.ShardWriter(str(src / "extra-%04d.tar"), maxcount=10, verbose=0) as sink:
+        sink.write({"__key__": "broken/cut", "jpg": b"\xff\xd8\xff\xe0 not a jpeg", "cls": 1})
+        sink.write({"__key__": "broken/textonly", "json": b"{}", "cls": 2})
+    out = tmp_path / "out"
+    result = convert(src, out, "wds", encoding="jpeg", shard_size=10)
+    assert result.written == 32 and result.skipped == 2
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert [e["path"] for e in errors] == ["broken/textonly", "broken/cut.jpg"]
+    assert "no image member" in errors[0]["error"] and "broken/cut.jpg" in errors[1]["error"]
+
+
+def _parquet_rows(with_paths: bool) -> tuple[list[dict], list[int]]:
+    images, labels = [], []
+    for path in sample_files():
+        rel = path.relative_to(SAMPLE_DATA)
+        images.append({"bytes": path.read_bytes(), "path": str(rel) if with_paths else None})
+        labels.append(CLASSES.index(rel.parts[0]))
+    return images, labels
+
+
+def test_parquet_written_by_datasets_converts_like_the_folder(folder_raw, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # writes local files only
+    import datasets  # the test extra installs it
+
+    images, labels = _parquet_rows(with_paths=True)
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=list(CLASSES))}
+    )
+    hub = tmp_path / "hub"
+    (hub / "data").mkdir(parents=True)
+    table = datasets.Dataset.from_dict({"image": images, "label": labels}, features=features)
+    table.select(range(20)).to_parquet(str(hub / "data/train-00000-of-00002.parquet"), batch_size=8)
+    table.select(range(20, 32)).to_parquet(str(hub / "data/train-00001-of-00002.parquet"))
+    out = tmp_path / "out"
+    convert(hub, out, "pt", **RAW)
+    manifest = readers.load_manifest(out)
+    assert manifest.content_sha256 == folder_raw.content_sha256  # paths, labels, pixels
+    assert manifest.classes == CLASSES  # from the ClassLabel feature
+    assert manifest.source == {"kind": "parquet", "location": str(hub), "files": 2}
+
+
+def test_parquet_of_plain_bytes_takes_its_class_names_from_a_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    images, labels = _parquet_rows(with_paths=False)
+    table = pa.table({"jpeg": [i["bytes"] for i in images], "target": labels})
+    pq.write_table(table, tmp_path / "plain.parquet", row_group_size=10)
+    classes = tmp_path / "classes.txt"
+    classes.write_text("\n".join(CLASSES) + "\n")
+    out = tmp_path / "out"
+    args = ["convert", tmp_path / "plain.parquet", out, "--format", "hdf5", "--encoding", "raw"]
+    args += ["--exact-resize"]
+    result = CliRunner().invoke(
+        main, [str(a) for a in args] + ["--label-key", "target", "--classes", str(classes)]
+    )
+    assert result.exit_code == 0, result.output
+    ds = readers.open_dataset(out)
+    assert ds.classes == list(CLASSES) and ds.targets == labels
+    assert ds.samples[3][0] == "plain.parquet#3"  # no path column: the file and the row
+    no_label = CliRunner().invoke(
+        main, ["convert", str(tmp_path / "plain.parquet"), str(tmp_path / "x"), "--format", "pt"]
+    )
+    assert no_label.exit_code == 0  # no label column found: unlabeled, as --unlabeled
+    assert readers.load_manifest(tmp_path / "x").classes == ()
+    plain, elsewhere = str(tmp_path / "plain.parquet"), str(tmp_path / "y")
+    wrong = CliRunner().invoke(
+        main, ["convert", plain, elsewhere, "--format", "pt", "--label-key", "nope"]
+    )
+    assert wrong.exit_code == 1 and "no column 'nope'" in wrong.output
+
+
+@pytest.mark.usefixtures("s3_server")
+def test_webdataset_tars_at_a_url_convert_like_local_ones(shards, folder_raw, tmp_path):
+    from readers.storage.remote import RemoteFolder
+
+    bucket = RemoteFolder(f"s3://{BUCKET}/sources/foreign")
+    for tar in sorted(shards.glob("*.tar")):
+        bucket.upload(tar, tar.name)
+    out = tmp_path / "out"
+    convert(f"s3://{BUCKET}/sources/foreign/train-{{0000..0003}}.tar", out, "pt", **RAW)
+    assert readers.load_manifest(out).content_sha256 == folder_raw.content_sha256
+    listed = tmp_path / "listed"
+    convert(f"s3://{BUCKET}/sources/foreign", listed, "pt", **RAW)
+    assert readers.load_manifest(listed).content_sha256 == folder_raw.content_sha256

@@ -102,6 +102,13 @@ def _interrupt(signum: int, frame: object) -> None:
     help="Convert every image below SRC, in any layout, with label -1 and no classes.",
 )
 @click.option(
+    "--label-key",
+    metavar="KEY",
+    help="For a WebDataset SRC: the member extension holding each sample's label, a class "
+    "number or name [default: cls]. For a Parquet SRC: the label column [default: the "
+    "ClassLabel feature, else 'label'].",
+)
+@click.option(
     "--include-hidden",
     is_flag=True,
     help="Also read entries whose name starts with '.', which are skipped by default "
@@ -206,6 +213,7 @@ def convert(
     classes_from: str | None,
     labels_file: Path | None,
     unlabeled: bool,
+    label_key: str | None,
     include_hidden: bool,
     exact_resize: bool,
     center_crop: int | None,
@@ -231,6 +239,11 @@ def convert(
     URL: re-format, re-encode, resize, crop, re-shard or --shuffle it, with its labels,
     class names and source paths carried over; the new manifest records the source and
     its content checksum (raw to raw with no --resize/--center-crop keeps the checksum).
+    Or WebDataset tars made by other tools (a folder of .tar files, a glob, a brace pattern
+    such as 'shards/train-{0000..0099}.tar', or a URL; the image is the jpg/jpeg/png/webp
+    member, the label the cls member or --label-key), or Parquet files in the Hugging Face
+    image layout ({bytes, path} image column, integer label; class names from the schema's
+    ClassLabel, else --classes FILE, else the numbers).
 
     DST is a folder, or a URL such as s3://bucket/prefix (fsspec; credentials from the
     usual chain: AWS_* variables including AWS_ENDPOINT_URL, ~/.aws, instance roles).
@@ -257,6 +270,7 @@ def convert(
         classes=classes,
         labels_file=str(labels_file) if labels_file else None,
         unlabeled=unlabeled,
+        label_key=label_key,
         center_crop=center_crop,
         quality=quality,
         shard_size=shard_size,

@@ -59,6 +59,10 @@ class SampleSource(Protocol):
         """What the workers read the samples through."""
         ...
 
+    def stored_bytes(self, samples: Sequence[Sample]) -> int:
+        """The bytes ``samples`` (all of a scan's) take where the source stores them."""
+        ...
+
     def record(self) -> dict[str, Any] | None:
         """What the new manifest records of the source (``source``), or None."""
         ...

@@ -107,6 +107,9 @@ class DatasetSource:
     def reader(self) -> DatasetReader:
         return DatasetReader(self.manifest)
 
+    def stored_bytes(self, samples: Sequence[Sample]) -> int:
+        return sum(s.bytes for s in self.manifest.shards)
+
     def record(self) -> dict[str, Any]:
         m = self.manifest
         return {

@@ -62,5 +62,8 @@ class FolderSource:
     def reader(self) -> FolderReader:
         return FolderReader(os.path.abspath(self.folder))
 
+    def stored_bytes(self, samples: Sequence[Sample]) -> int:
+        return sum(os.stat(self.folder / s.relpath).st_size for s in samples)
+
     def record(self) -> dict[str, Any] | None:
         return None  # a folder's manifest stays as it was: the options say the rest
