@@ -23,7 +23,7 @@ __all__ = ["DatasetReader", "DatasetSource"]
 _OPEN: dict[tuple[Location, str | None], readers.ImageDataset] = {}
 """The source dataset each worker process has open, reused by every chunk it prepares (a
 chunk is a few samples; reopening a shard's index for each would cost more than the
-samples). ``ImageDataset`` reopens its handles itself after a fork."""
+samples): the last one only. ``ImageDataset`` reopens its handles itself after a fork."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class DatasetReader:
         key = (self.manifest.location, self.manifest.content_sha256)
         ds = _OPEN.get(key)
         if ds is None:
+            _OPEN.clear()  # one source at a time: a long-lived process keeps no old handles
             ds = _OPEN[key] = readers.open_dataset(self.manifest, decode_threads=1)
         return ds
 

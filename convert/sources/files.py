@@ -126,7 +126,8 @@ def open_file(path: str):  # -> a binary file object
 
 
 _MAPPED: dict[str, np.ndarray] = {}
-"""The tables each worker process has mapped, by path (one per source)."""
+"""The table a worker process has mapped, by path: the last one only (a removed table's
+file keeps its disk space while it is mapped)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ class Spans:
         """The table, memory-mapped once per process."""
         table = _MAPPED.get(self.path)
         if table is None:
+            _MAPPED.clear()
             table = _MAPPED[self.path] = np.load(self.path, mmap_mode="r", allow_pickle=False)
         return table
 
