@@ -67,9 +67,10 @@ def convert_folder(
     executor: str = "local",
     ray_address: str | None = None,
 ) -> ConvertResult:
-    """Convert ``src`` into an imgpack dataset at ``dst``: an ImageNet-layout folder, or
-    an imgpack dataset of any format (a folder holding ``imgpack.json``, or its URL), whose
-    labels, class names and source paths carry over (:func:`convert.sources.open_source`).
+    """Convert ``src`` into an imgpack dataset at ``dst``: an ImageNet-layout folder, an
+    imgpack dataset of any format (a folder holding ``imgpack.json``, or its URL), whose
+    labels, class names and source paths carry over, WebDataset tars of other tools or
+    Hugging Face Parquet files (:func:`convert.sources.open_source` says which is which).
 
     ``dst`` may be a URL (``s3://bucket/prefix``): the run stages each shard in
     ``staging`` (default under ``~/.cache/imgpack/staging``) and uploads it when complete,

@@ -352,6 +352,11 @@ def test_parquet_of_plain_bytes_takes_its_class_names_from_a_file(tmp_path):
     )
     assert no_label.exit_code == 0  # no label column found: unlabeled, as --unlabeled
     assert readers.load_manifest(tmp_path / "x").classes == ()
+    hidden = pa.table({"jpeg": [i["bytes"] for i in images], "target": [-1] * len(images)})
+    pq.write_table(hidden, tmp_path / "test-split.parquet")  # the Hub's -1: no label
+    unlabeled = tmp_path / "unlabeled"
+    convert(tmp_path / "test-split.parquet", unlabeled, "pt", label_key="target")
+    assert readers.open_dataset(unlabeled).targets == [-1] * 32
     plain, elsewhere = str(tmp_path / "plain.parquet"), str(tmp_path / "y")
     wrong = CliRunner().invoke(
         main, ["convert", plain, elsewhere, "--format", "pt", "--label-key", "nope"]

@@ -23,7 +23,7 @@ class Labels:
         self._values: list[int | str | None] = []
 
     def add(self, path: str, value: bytes | int | str | None) -> None:
-        """Record one sample's label (None: it has none)."""
+        """Record one sample's label (None, or a negative number: it has none)."""
         if isinstance(value, bytes):
             try:
                 value = value.decode("utf-8").strip()
@@ -33,6 +33,8 @@ class Labels:
                 ) from None
         if isinstance(value, str) and value.lstrip("-").isdigit():
             value = int(value)
+        if isinstance(value, int) and value < 0:
+            value = None  # the Hub's -1 for a sample without a label (a test split)
         self._paths.append(path)
         self._values.append(value)
 
