@@ -28,6 +28,7 @@ from tests.conftest import SAMPLE_DATA
 from tests.photos import photo_folder
 from tests.test_interrupted import wait_for_shards
 from tests.test_object_storage import BUCKET, s3_server  # noqa: F401 (the fixture)
+from tests.test_ray import ray_address  # noqa: F401 (the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW = {"encoding": "raw", "resize": 72, "center_crop": 64, "exact_resize": True}
@@ -155,6 +156,7 @@ def test_cli_converts_a_dataset_and_refuses_what_does_not_apply(raw_pt, tmp_path
     )
     assert result.exit_code == 0, result.output
     assert readers.load_manifest(out).content_sha256 == readers.load_manifest(raw_pt).content_sha256
+    assert f"source     imgpack {raw_pt}" in CliRunner().invoke(main, ["info", str(out)]).output
     refusals = {
         ("--encoding", "original"): "stores raw pixels, which have no original bytes",
         ("--unlabeled",): "--unlabeled applies to image folders only",
@@ -377,3 +379,14 @@ def test_webdataset_tars_at_a_url_convert_like_local_ones(shards, folder_raw, tm
     listed = tmp_path / "listed"
     convert(f"s3://{BUCKET}/sources/foreign", listed, "pt", **RAW)
     assert readers.load_manifest(listed).content_sha256 == folder_raw.content_sha256
+
+
+@pytest.mark.usefixtures("ray_address")
+def test_ray_executor_converts_dataset_and_foreign_sources_as_local(
+    raw_pt, shards, folder_raw, tmp_path
+):
+    for src, want in ((raw_pt, readers.load_manifest(raw_pt)), (shards, folder_raw)):
+        out = tmp_path / src.name
+        options = ConvertOptions("wds", **(RAW if src == shards else {"encoding": "raw"}))
+        convert_folder(src, out, options, workers=2, progress=False, executor="ray")
+        assert readers.load_manifest(out).content_sha256 == want.content_sha256, src
