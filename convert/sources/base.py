@@ -20,7 +20,7 @@ import numpy as np
 from convert.options import ConvertOptions
 from convert.scan import Sample, Scan
 
-__all__ = ["SampleReader", "SampleSource", "Stored", "refuse_folder_options"]
+__all__ = ["SampleReader", "SampleSource", "Stored", "position", "refuse_folder_options"]
 
 Stored = bytes | np.ndarray | str
 """One sample as a reader gives it: encoded bytes, raw uint8 ``[H, W, 3]`` pixels, or the
@@ -66,6 +66,13 @@ class SampleSource(Protocol):
     def record(self) -> dict[str, Any] | None:
         """What the new manifest records of the source (``source``), or None."""
         ...
+
+
+def position(sample: Sample) -> int:
+    """Where a dataset or foreign source holds ``sample``: its index there."""
+    if sample.index is None:
+        raise RuntimeError(f"{sample.relpath}: a sample of a folder, not of a dataset source")
+    return sample.index
 
 
 def refuse_folder_options(where: str, options: ConvertOptions) -> None:

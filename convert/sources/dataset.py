@@ -14,7 +14,7 @@ import numpy as np
 import readers
 from convert.options import ConvertOptions
 from convert.scan import Sample, Scan
-from convert.sources.base import Stored, refuse_folder_options
+from convert.sources.base import Stored, position, refuse_folder_options
 from readers import spec
 from readers.storage.location import Location
 
@@ -34,7 +34,7 @@ class DatasetReader:
 
     def read(self, samples: Sequence[Sample]) -> list[Stored]:
         ds = self._dataset()
-        indices = [int(s.index if s.index is not None else -1) for s in samples]
+        indices = [position(s) for s in samples]
         try:
             return [_plain(v) for v in ds.read_stored(indices)]
         except (ValueError, OSError):  # one bad sample: read each alone, to name it

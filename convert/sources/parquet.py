@@ -22,7 +22,7 @@ import numpy as np
 
 from convert.options import ConvertOptions
 from convert.scan import Sample, Scan
-from convert.sources.base import Stored, refuse_folder_options
+from convert.sources.base import Stored, position, refuse_folder_options
 from convert.sources.files import FileSource, Spans, open_file
 from convert.sources.labels import Labels
 
@@ -105,7 +105,7 @@ class ParquetReader:
         rows = self.spans.rows()
         out: list[Stored] = []
         for sample in samples:
-            file, group, row = (int(x) for x in rows[int(sample.index or 0)])
+            file, group, row = (int(x) for x in rows[position(sample)])
             try:
                 value = self._group(file, group)[row]
             except (OSError, ValueError) as e:

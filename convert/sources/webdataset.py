@@ -22,7 +22,7 @@ import numpy as np
 
 from convert.options import ConvertOptions
 from convert.scan import Sample, Scan
-from convert.sources.base import Stored, refuse_folder_options
+from convert.sources.base import Stored, position, refuse_folder_options
 from convert.sources.files import FileSource, Spans, open_file, split_url
 from convert.sources.labels import Labels
 from readers.storage.remote import is_url
@@ -45,9 +45,9 @@ class TarReader:
         out: list[Stored] = [""] * len(samples)
         by_tar: dict[int, list[int]] = {}
         for k, sample in enumerate(samples):
-            by_tar.setdefault(int(rows[int(sample.index or 0), 0]), []).append(k)
+            by_tar.setdefault(int(rows[position(sample), 0]), []).append(k)
         for tar, ks in by_tar.items():
-            spans = [rows[int(samples[k].index or 0)] for k in ks]
+            spans = [rows[position(samples[k])] for k in ks]
             try:
                 data = self._ranges(
                     self.tars[tar], [int(s[1]) for s in spans], [int(s[2]) for s in spans]
