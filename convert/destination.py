@@ -39,6 +39,7 @@ __all__ = [
     "disk_full",
     "kept_files",
     "refuse_contents",
+    "refuse_dst_at_source_url",
     "refuse_dst_in_src",
     "remove_if_empty",
     "write_errors",
@@ -237,6 +238,14 @@ def refuse_dst_in_src(src: Path, dst: Path) -> None:
             f"{dst}: DST is inside SRC ({src}); the next conversion of SRC would take it for a "
             "class folder and shift every label: choose a DST outside SRC"
         )
+
+
+def refuse_dst_at_source_url(source: str, dst: str) -> None:
+    """A DST URL that is the source's own (or inside it): ``--overwrite`` would delete the
+    source dataset before it is read."""
+    src_url, dst_url = source.rstrip("/"), dst.rstrip("/")
+    if dst_url == src_url or dst_url.startswith(src_url + "/"):
+        raise ValueError(f"{dst}: DST is SRC ({source}) or inside it; write to a new URL")
 
 
 def disk_full(dst: Path, error: BaseException) -> bool:

@@ -26,6 +26,7 @@ from convert.destination import (
     Destination,
     LocalDestination,
     disk_full,
+    refuse_dst_at_source_url,
     write_errors,
     write_manifest,
 )
@@ -107,6 +108,8 @@ def convert_folder(
         else LocalDestination(local_path(dst))
     )
     source = open_source(src, options.label_key)
+    if is_url(dst) and is_url(source.where):
+        refuse_dst_at_source_url(source.where, str(dst))
     # The destination first: a busy, forbidden or missing one is refused before the scan,
     # which takes minutes on ImageNet.
     destination.claim(source.local_folder, overwrite, resume)

@@ -181,6 +181,9 @@ def test_a_dataset_at_a_url_converts_like_the_same_dataset_at_home(raw_pt, tmp_p
     manifest = readers.load_manifest(out)
     assert manifest.content_sha256 == readers.load_manifest(raw_pt).content_sha256
     assert manifest.source["location"] == url and manifest.source["format"] == "wds"
+    itself = CliRunner().invoke(main, ["convert", url, url, "--format", "pt", "--overwrite"])
+    assert itself.exit_code == 1 and "DST is SRC" in itself.output
+    assert readers.load_manifest(url).content_sha256 == manifest.content_sha256  # untouched
     missing = CliRunner().invoke(
         main, ["convert", f"s3://{BUCKET}/nothing", str(tmp_path / "no"), "--format", "pt"]
     )
