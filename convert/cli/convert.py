@@ -80,7 +80,9 @@ def _interrupt(signum: int, frame: object) -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="The class list, one name per line, in label order (e.g. the training set's, so "
     "that a validation folder missing a class keeps the same labels). A sub-folder not in "
-    "it is an error; a listed class without a folder is reported.",
+    "it is an error; a listed class without a folder is reported. For a dataset SRC: its "
+    "labels are renumbered by class name; for WebDataset or Parquet: the names of the "
+    "class numbers 0, 1, ...",
 )
 @click.option(
     "--classes-from",

@@ -30,7 +30,7 @@ __all__ = ["diff"]
     metavar="LEVELS",
     help="Largest mean absolute pixel difference per sample (levels of 0-255, after "
     "decoding) that still counts as the same image: JPEG at quality 75 against raw "
-    "measured up to 7.1 on sample_data; 0 asks for identical pixels.",
+    "measured up to 7.1 on sample_data at 64x64; 0 asks for identical pixels.",
 )
 @click.option(
     "--worst",
