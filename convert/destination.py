@@ -289,6 +289,7 @@ def write_manifest(
     per_class = Counter()
     for e in entries:
         per_class.update(e.per_class)
+    resizes = options.resize is not None and options.encoding != "original"  # by the kernel
     Manifest(
         location=Location(dst),
         format=options.format,
@@ -304,7 +305,7 @@ def write_manifest(
         content_sha256=spec.content_sha256(e.digests for e in entries),
         source_fingerprint=source_fingerprint,
         options=json.loads(json.dumps(asdict(options))),
-        converted_with={"workers": workers, "jpeg_decoder": decoder_name()},
+        converted_with={"workers": workers, "jpeg_decoder": decoder_name(crop=resizes)},
         errors_file=ERRORS_NAME if result.skipped else None,
         source=source,
     ).write()

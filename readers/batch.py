@@ -62,12 +62,17 @@ def collate_any(batch: Any) -> Any:
 
 
 def new_batch(
-    shape: tuple[int, ...], dtype: torch.dtype, like: torch.Tensor | None = None
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    like: torch.Tensor | None = None,
+    channels_last: bool = True,
 ) -> torch.Tensor:
-    """An empty batch tensor, channels-last when 4-D image-like (as HWC storage decodes),
-    and in shared memory inside a DataLoader worker so that handing it to the main
-    process costs no copy (what ``default_collate`` does too)."""
-    channels_last = len(shape) == 4 and (like is None or (like.dim() == 3 and like.stride(0) == 1))
+    """An empty batch tensor, channels-last when 4-D image-like (as HWC storage decodes;
+    unless ``channels_last`` is False, or the image ``like`` is not), and in shared memory
+    inside a DataLoader worker so that handing it to the main process costs no copy (what
+    ``default_collate`` does too)."""
+    image_like = like is None or (like.dim() == 3 and like.stride(0) == 1)
+    channels_last = len(shape) == 4 and channels_last and image_like
     order = (0, 2, 3, 1) if channels_last else tuple(range(len(shape)))
     storage_shape = [shape[i] for i in order]
     if current_worker() is not None:

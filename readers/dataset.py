@@ -24,9 +24,10 @@ from torch.utils.data import Dataset
 from readers.batch import SampleBatch, new_batch, stack_images
 from readers.epochs.placement import default_decode_threads
 from readers.formats import ShardOpener, ShardReader, open_local_shard
+from readers.imagefolder import ImageFolderAttributes
 from readers.images.crop import Crop
 from readers.images.decode import decode_image
-from readers.images.fused import crop_batch
+from readers.images.fused import crop_parts
 from readers.images.pool import DecodePool
 from readers.manifest import Manifest, load_manifest
 from readers.spec import DatasetError, StorageKind
@@ -50,7 +51,7 @@ __all__ = [
 Transform = Callable[[torch.Tensor], Any]
 
 
-class ImageDataset(Dataset):
+class ImageDataset(ImageFolderAttributes, Dataset):
     """Map-style dataset over an imgpack dataset of any format (the named subclasses,
     :class:`PtDataset` and the others, accept their own format only).
 
@@ -126,18 +127,8 @@ class ImageDataset(Dataset):
         self._pid: int | None = None
         self._shards: dict[int, ShardReader] = {}
         self._pool = DecodePool()
-        self._targets: list[int] | None = None
-        self._samples: list[tuple[str, int]] | None = None
 
     # --- public API ---------------------------------------------------------------------
-    @property
-    def classes(self) -> list[str]:
-        return list(self.manifest.classes)
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        return {c: i for i, c in enumerate(self.manifest.classes)}
-
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
 
@@ -152,9 +143,10 @@ class ImageDataset(Dataset):
         if not located:
             return SampleBatch([], labels)
         if self.crop is not None and self.transform is None:
-            batch = new_batch((len(located), 3, *self.crop.size), torch.uint8)
+            shape = (len(located), 3, *self.crop.size)
+            batch = new_batch(shape, torch.uint8, channels_last=self.crop.channels_last)
             rows = batch.permute(0, 2, 3, 1)
-            self._crop_into(self.crop, located, [self.shard(s).read(k) for s, k in located], rows)
+            self._crop_into(self.crop, located, None, rows)
             return SampleBatch(batch, labels)
         layout = self.manifest.layout
         if layout.kind is StorageKind.FIXED_PIXELS and layout.shape and self.transform is None:
@@ -201,28 +193,6 @@ class ImageDataset(Dataset):
         """The sample's file path relative to the folder it was converted from."""
         shard, local = self.locate(index)
         return self.shard(shard).path(local)
-
-    @property
-    def targets(self) -> list[int]:
-        """All labels in index order, a list like ``ImageFolder.targets`` (read once)."""
-        if self._targets is None:
-            self._targets = [
-                int(x) for k in range(len(self.manifest.shards)) for x in self.shard(k).labels
-            ]
-        return self._targets
-
-    @property
-    def samples(self) -> list[tuple[str, int]]:
-        """``(source path, label)`` per sample, like ``ImageFolder.samples`` (paths relative
-        to the converted folder; read once)."""
-        if self._samples is None:
-            self._samples = [(self.source_path(i), y) for i, y in enumerate(self.targets)]
-        return self._samples
-
-    @property
-    def imgs(self) -> list[tuple[str, int]]:
-        """:attr:`samples`, under the alias ``ImageFolder`` also gives it."""
-        return self.samples
 
     def locate(self, index: Any) -> tuple[int, int]:
         """Shard and local index of ``index``: an int, a NumPy integer, or a 0-d integer
@@ -278,25 +248,44 @@ class ImageDataset(Dataset):
         if self.crop is None:
             image = self._to_tensor(value, shard, local)
         else:
-            rows = torch.empty((1, *self.crop.size, 3), dtype=torch.uint8)
+            height, width = self.crop.size
+            if self.crop.channels_last:
+                rows = torch.empty((1, height, width, 3), dtype=torch.uint8)
+            else:
+                rows = torch.empty((1, 3, height, width), dtype=torch.uint8).permute(0, 2, 3, 1)
             self._crop_into(self.crop, [(shard, local)], [value], rows)
             image = rows[0].permute(2, 0, 1)
         return self.transform(image) if self.transform is not None else image
 
     def _crop_into(
-        self, crop: Crop, located: list[tuple[int, int]], values: list[Any], rows: torch.Tensor
+        self,
+        crop: Crop,
+        located: list[tuple[int, int]],
+        values: list[Any] | None,
+        rows: torch.Tensor,
     ) -> None:
-        """Decode, crop and resize each sample into its HWC row of ``rows``, on the decode
-        threads (see :mod:`readers.images.fused`)."""
-        crop_batch(
-            values,
+        """Decode, crop and resize each sample into its HWC row of ``rows``, reading the
+        batch part by part (unless its stored ``values`` are given): see
+        :func:`readers.images.fused.crop_parts`."""
+
+        def read(part: slice) -> list[Any]:
+            if values is not None:
+                return values[part]
+            return [self.shard(s).read(k) for s, k in located[part]]
+
+        crop_parts(
+            read,
             np.array([(self._ends[s - 1] if s else 0) + k for s, k in located]),
             crop,
             rows.numpy(),
-            self._map,
-            lambda row: f"{self.manifest.shard_path(located[row][0])}[{located[row][1]}]",
+            lambda row: self._where(*located[row]),
+            all(self.shard(s).verified for s in {s for s, _ in located}),
+            self._pool,
             self.decode_threads or default_decode_threads(),
         )
+
+    def _where(self, shard: int, local: int) -> str:
+        return f"{self.manifest.shard_path(shard)}[{local}]"
 
     def _to_tensor(self, value: Any, shard: int, local: int) -> torch.Tensor:
         if not self.decode and not isinstance(value, np.ndarray):
@@ -307,8 +296,7 @@ class ImageDataset(Dataset):
             try:
                 pixels = decode_image(value)
             except ValueError as e:  # name the sample only when it fails: this path is hot
-                where = f"{self.manifest.shard_path(shard)}[{local}]"
-                raise DatasetError(f"{where}: {e}") from e
+                raise DatasetError(f"{self._where(shard, local)}: {e}") from e
         return torch.from_numpy(pixels).permute(2, 0, 1)
 
     def _gather_pixels(self, located: list[tuple[int, int]], out: torch.Tensor) -> None:

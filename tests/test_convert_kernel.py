@@ -110,7 +110,8 @@ CONVERT_OPTIONS = ("--format", "pt", "--encoding", "raw", "--resize", "256", "--
 CONVERT_OPTIONS += ("--workers", "2")
 
 
-def _convert(src: Path, dst: Path, **env: str) -> str:
+def _convert(src: Path, dst: Path, **env: str) -> tuple[str, str]:
+    """The content checksum of ``src`` converted to ``dst``, and the decoder recorded."""
     subprocess.run(
         [sys.executable, "-m", "convert.cli", "convert", str(src), str(dst), *CONVERT_OPTIONS],
         cwd=ROOT,
@@ -119,14 +120,15 @@ def _convert(src: Path, dst: Path, **env: str) -> str:
         capture_output=True,
         timeout=300,
     )
-    checksum = load_manifest(dst).content_sha256
-    assert checksum
-    return checksum
+    manifest = load_manifest(dst)
+    assert manifest.content_sha256
+    return manifest.content_sha256, manifest.converted_with["jpeg_decoder"]
 
 
 @needs_kernel
 def test_conversion_checksum_is_the_same_with_and_without_the_kernel(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     src = photo_folder(tmp_path / "src", 12, 480, 640)  # short 480 < 2.5 * 2 * 256: unscaled
-    with_kernel = _convert(src, tmp_path / "kernel")
-    assert with_kernel == _convert(src, tmp_path / "python", IMGPACK_KERNEL="0")
+    checksum, decoder = _convert(src, tmp_path / "kernel")
+    assert decoder == "turbojpeg+kernel"  # recorded in converted_with
+    assert _convert(src, tmp_path / "python", IMGPACK_KERNEL="0") == (checksum, "turbojpeg")

@@ -4,6 +4,7 @@ Pillow fallback, and damaged samples named."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -110,6 +111,24 @@ def test_fused_crop_equals_full_decode_then_crop(photos, name):
             assert torch.equal(batch[i], want), f"sample {i}"
             exact += 1
     assert exact >= 4
+
+
+@pytest.mark.parametrize("name", CROPS)
+def test_nchw_crops_are_the_same_pixels_written_plane_by_plane(photos, name):
+    # channels_last=False: NCHW-contiguous batches and images straight from the decode
+    # (the kernel writes planes; the Python path through an HWC view of them)
+    planar = copy.copy(CROPS[name])
+    planar.channels_last = False
+    ds = readers.open_dataset(photos, crop=CROPS[name], decode_threads=2)
+    nchw = readers.open_dataset(photos, crop=planar, decode_threads=2)
+    everything = list(range(len(ds)))
+    batch, _ = readers.collate(nchw.__getitems__(everything))
+    assert batch.is_contiguous() and not batch.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(batch, readers.collate(ds.__getitems__(everything))[0])
+    for i in everything:
+        image = nchw[i][0]
+        assert image.is_contiguous() and torch.equal(image, batch[i])
+    assert "channels_last=False" in repr(planar) and "channels_last" not in repr(CROPS[name])
 
 
 def test_ratio_crop_of_large_jpegs_decodes_scaled(photos):

@@ -13,7 +13,8 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-from collections.abc import Callable, Iterator
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -98,12 +99,18 @@ def edge_boxes(height: int, width: int, size: tuple[int, int]) -> np.ndarray:
     )
 
 
-def kernel_crop(data: bytes, boxes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """``boxes`` of one JPEG through the kernel alone; every row must decode there."""
+def kernel_crop(
+    data: bytes, boxes: np.ndarray, size: tuple[int, int], planar: bool = False
+) -> np.ndarray:
+    """``boxes`` of one JPEG through the kernel alone (``planar``: into an NCHW array, seen
+    as NHWC); every row must decode there."""
     n = len(boxes)
     header = jpeg_header(data)
     assert header is not None
-    out = np.zeros((n, *size, 3), dtype=np.uint8)
+    if planar:
+        out = np.zeros((n, 3, *size), dtype=np.uint8).transpose(0, 2, 3, 1)
+    else:
+        out = np.zeros((n, *size, 3), dtype=np.uint8)
     sizes = np.array([[header[1], header[0]]] * n)
     failed = kernel.crop_rows(kernel.crop_kernel(), [data] * n, np.arange(n), boxes, sizes, out)
     assert failed.size == 0, f"the kernel refused rows {failed}"
@@ -135,6 +142,7 @@ def test_kernel_crop_equals_full_decode_box_resize_flip(encoding: str, simd: int
             boxes = np.concatenate([edge_boxes(height, width, size), random_boxes])
             boxes = boxes[[dct_factor(*box[2:4], *size) == 1 for box in boxes]]  # no DCT scaling
             out = kernel_crop(data, boxes, size)
+            np.testing.assert_array_equal(kernel_crop(data, boxes, size, planar=True), out)
             for box, got in zip(boxes, out, strict=True):
                 np.testing.assert_array_equal(got, reference(pixels, box, size), err_msg=str(box))
                 checked += 1
@@ -169,10 +177,6 @@ def test_dct_scaled_crops_stay_close_to_the_full_decode() -> None:
     assert mean <= 0.5 and p99 <= 8, (mean, p99)
 
 
-def _sequential(fn: Callable[[int], None], items: range) -> list[None]:
-    return [fn(x) for x in items]
-
-
 @needs_kernel
 def test_crop_batch_sends_only_upright_complete_jpegs_to_the_kernel() -> None:
     """EXIF-rotated, CMYK, PNG and pixel samples take the Python path (the kernel only
@@ -193,7 +197,7 @@ def test_crop_batch_sends_only_upright_complete_jpegs_to_the_kernel() -> None:
     crop = readers.RandomResizedCrop((64, 80), flip=True, seed=9)
     rows = np.zeros((len(values), 64, 80, 3), dtype=np.uint8)
     indices = np.arange(len(values))
-    crop_batch(values, indices, crop, rows, _sequential, str, threads=2)
+    crop_batch(values, indices, crop, rows, str)
     for row, value in enumerate(values):
         pixels = value if isinstance(value, np.ndarray) else decode_image(value)
         box = crop.boxes(np.array([pixels.shape[:2]]), indices[row : row + 1])[0]
@@ -277,17 +281,20 @@ def crop_for(data, index):
     return random_crop if dct_factor(*box[2:4], *SIZE) == 1 else readers.CenterCrop(SIZE)
 
 
-def outcome(data, index):
+def outcome(data, index, verified=False):
     rows = np.zeros((1, *SIZE, 3), dtype=np.uint8)
     try:
-        crop_batch([data], np.array([index]), crop_for(data, index), rows,
-                   lambda fn, items: [fn(x) for x in items], lambda row: "sample", 1)
+        crop_batch([data], np.array([index]), crop_for(data, index), rows, lambda row: "sample",
+                   verified)
     except DatasetError as e:
         return "error", str(e)
     return "pixels", rows.tobytes().hex()
 
 
 with_kernel = [outcome(data, k) for k, (_, data) in enumerate(cases)]
+# Told the bytes passed their CRC-32, the kernel stops after the box: damage below it goes
+# unseen (the CRC-32 is what guards stored bytes), anything else is judged as before.
+stopping = [outcome(data, k, verified=True) for k, (_, data) in enumerate(cases)]
 headers = kernel.jpeg_headers(kernel.crop_kernel(), [data for _, data in cases])
 taken = kernel.kernel_decodes(headers, None)
 header_mismatches = []
@@ -304,6 +311,9 @@ mismatches = [
     {"case": k, "kind": cases[k][0], "kernel": a[0], "python": b[0], "text": (a[1][:99], b[1][:99])}
     for k, (a, b) in enumerate(zip(with_kernel, without)) if a != b
 ]
+stopping_mismatches = [
+    k for k, (a, b) in enumerate(zip(stopping, without)) if a != b and b[0] != "error"
+]
 print(json.dumps({
     "cases": len(cases),
     "taken_by_kernel": int(taken.sum()),
@@ -311,6 +321,8 @@ print(json.dumps({
     "errors": sum(kind == "error" for kind, _ in with_kernel),
     "header_mismatches": header_mismatches,
     "mismatches": mismatches[:20],
+    "stopping_mismatches": stopping_mismatches[:20],
+    "stopping_decoded_damage": sum(a[0] != b[0] for a, b in zip(stopping, without)),
 }))
 """
 
@@ -335,10 +347,23 @@ def test_fuzzed_jpegs_never_crash_and_match_the_python_path() -> None:
     assert report["cases"] == 2000
     assert report["header_mismatches"] == []
     assert report["mismatches"] == []
+    # verified: the Python path's pixels wherever it decodes; pixels where it errors only
+    # for damage after the box (seen: the kernel then read less than the whole file)
+    assert report["stopping_mismatches"] == []
+    assert report["stopping_decoded_damage"] > 0, report
     # the kernel judged many damaged files itself (not all left to the fallback), and both
     # outcomes occur
     assert report["taken_by_kernel"] >= 500, report
     assert report["decoded"] >= 200 and report["errors"] >= 200, report
+
+
+@needs_kernel
+def test_crop_rows_takes_nhwc_or_the_nhwc_view_of_nchw_only() -> None:
+    data = jpeg(64, 80, seed=1)
+    boxes, sizes = np.array([[0, 0, 32, 32, 0]]), np.array([[64, 80]])
+    strided = np.zeros((1, 32, 64, 3), dtype=np.uint8)[:, :, ::2]
+    with pytest.raises(ValueError, match="NHWC"):
+        kernel.crop_rows(kernel.crop_kernel(), [data], np.zeros(1, np.int64), boxes, sizes, strided)
 
 
 @needs_kernel
@@ -356,6 +381,13 @@ def test_crop_refuses_rows_outside_the_batch_and_non_bytes() -> None:
 
 
 # --- threads, fallback, build -------------------------------------------------------------
+BOTH_CROPS = pytest.mark.parametrize(
+    "crop",
+    [readers.RandomResizedCrop(224, flip=True, seed=2), readers.CenterCrop(224, ratio=224 / 256)],
+    ids=["random", "center"],
+)
+
+
 @pytest.fixture(scope="module")
 def jpeg_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("kernel-src")
@@ -372,17 +404,13 @@ def jpeg_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @needs_kernel
-@pytest.mark.parametrize(
-    "crop",
-    [readers.RandomResizedCrop(224, flip=True, seed=2), readers.CenterCrop(224, ratio=224 / 256)],
-    ids=["random", "center"],
-)
+@BOTH_CROPS
 def test_batches_do_not_depend_on_decode_threads(jpeg_dataset: Path, crop) -> None:
     batches = []
-    for threads in (1, 2):
+    for threads in (1, 2, 3):  # one part, or 2 per thread
         ds = readers.open_dataset(jpeg_dataset, crop=crop, decode_threads=threads)
         batches.append(readers.collate(ds.__getitems__(list(range(len(ds)))))[0])
-    assert torch.equal(batches[0], batches[1])
+    assert torch.equal(batches[0], batches[1]) and torch.equal(batches[0], batches[2])
 
 
 # `make asan` preloads AddressSanitizer's runtime; a child needs it too to load the kernel.
@@ -412,7 +440,7 @@ CROP_TWICE = """
     rows = np.zeros((2, 224, 224, 3), dtype=np.uint8)
     crop = readers.RandomResizedCrop(224, flip=True, seed=1)  # a 427x640 photo: never DCT-scaled
     for _ in range(2):
-        crop_batch([data, data], np.arange(2), crop, rows, lambda f, xs: [f(x) for x in xs], str, 2)
+        crop_batch([data, data], np.arange(2), crop, rows, str)
     print(readers.decoder_name(), readers.decoder_name(crop=True), rows.tobytes().hex())
 """
 
@@ -480,3 +508,66 @@ def test_kernel_c_compiles_without_warnings(tmp_path: Path) -> None:
             check=False,
         )
         assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("fmt", sorted(readers.DATASETS))
+@pytest.mark.parametrize("case", ["jpeg", "original", "raw-fixed"])
+def test_shards_whose_samples_carry_crcs_are_verified(converted, fmt: str, case: str) -> None:
+    # what lets the kernel stop after a crop's box: every read was checked against the
+    # CRC-32 the converter recorded; never for raw pixels, which carry none
+    ds = readers.open_dataset(converted(fmt, case))
+    assert ds.shard(0).verified is (case != "raw-fixed")
+
+
+@needs_kernel
+@BOTH_CROPS
+def test_stopping_after_the_box_gives_the_same_pixels(jpeg_dataset: Path, crop) -> None:
+    ds = readers.open_dataset(jpeg_dataset)
+    values = ds.read_stored(range(len(ds)))
+    headers = kernel.jpeg_headers(kernel.crop_kernel(), values)
+    sizes = headers[:, [kernel.HEIGHT, kernel.WIDTH]]
+    boxes = crop.boxes(sizes, np.arange(len(ds)))
+    rows = [np.zeros((len(ds), 224, 224, 3), dtype=np.uint8) for _ in range(2)]
+    for verified, out in zip((False, True), rows, strict=True):
+        failed = kernel.crop_rows(
+            kernel.crop_kernel(), values, np.arange(len(ds)), boxes, sizes, out, verified=verified
+        )
+        assert failed.tolist() == []
+    np.testing.assert_array_equal(rows[0], rows[1])
+    assert (boxes[:, 0] + boxes[:, 2] < sizes[:, 0]).any()  # some boxes end above the bottom
+
+
+@needs_kernel
+def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: Path) -> None:
+    # `pip wheel .` (what a release build runs, scripts/wheels/cibuildwheel.toml) puts the
+    # kernel in the wheel, and the wheels' smoke test crops a JPEG with that very file
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(ROOT),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    (wheel,) = tmp_path.glob("imgpack-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.startswith("readers/images/jpegcrop.")]
+        built = Path(archive.extract(name, tmp_path / "unpacked"))
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "wheels" / "check_wheel.py"), str(built)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "the crop kernel works" in check.stdout

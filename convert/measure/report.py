@@ -37,6 +37,7 @@ def machine_facts(paths: list[Path]) -> dict[str, Any]:
         "lmdb": lmdb.__version__,
         "webdataset": webdataset.__version__,
         "jpeg_decoder": readers.decoder_name(),
+        "crop_decoder": readers.decoder_name(crop=True),
         "imgpack": readers.__version__,
         "storage": {str(p): storage_of(p) for p in paths},
     }

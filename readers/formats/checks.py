@@ -36,6 +36,11 @@ class SampleCrcs:
         self._crcs = crcs  # as the shard keeps them: a view of the mmap'd shard for pt
         self._where = where
 
+    @property
+    def recorded(self) -> bool:
+        """Whether the shard records CRC-32s (encoded samples written since they were)."""
+        return self._crcs is not None
+
     def check(self, i: int, data: bytes | memoryview | np.ndarray) -> None:
         """Raise DatasetError naming ``shard[i]`` unless ``data`` has sample ``i``'s CRC."""
         if self._crcs is None:

@@ -39,7 +39,7 @@ class Hdf5Shard(ShardReader):
         except (OSError, KeyError, TypeError) as e:  # TypeError: paths are not strings
             raise DatasetError(f"{path}: not a valid imgpack HDF5 file: {e}") from e
         self._path = path
-        self._crcs = SampleCrcs(crcs, path, len(self.labels))
+        self.crcs = SampleCrcs(crcs, path, len(self.labels))
         self._vlen = self._images.ndim == 1
         self._file_bytes: np.memmap | None = None
         images = self._images
@@ -62,7 +62,7 @@ class Hdf5Shard(ShardReader):
             return value
         if self._shapes is not None:
             return raw_pixels(value, self._shapes[i], f"{self._path}[{i}]")
-        self._crcs.check(i, value)
+        self.crcs.check(i, value)
         return value.tobytes()
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:

@@ -74,7 +74,7 @@ class LmdbShard(ShardReader):
             self._shapes = np.frombuffer(self._get(spec.LMDB_SHAPES), dtype="<i8").reshape(-1, 3)
         crcs = self._find(spec.LMDB_CRCS)  # absent for raw pixels and older shards
         crcs_array = None if crcs is None else np.frombuffer(crcs, dtype="<u4")
-        self._crcs = SampleCrcs(crcs_array, path, len(self.labels))
+        self.crcs = SampleCrcs(crcs_array, path, len(self.labels))
         self._paths: PathTable | None = None
 
     def _find(self, key: bytes, txn: lmdb.Transaction | None = None) -> bytes | None:
@@ -96,7 +96,7 @@ class LmdbShard(ShardReader):
     def read(self, i: int) -> bytes | np.ndarray:
         value = self._get(spec.SAMPLE_KEY.format(i).encode())
         if not self._raw:
-            self._crcs.check(i, value)
+            self.crcs.check(i, value)
             return value
         shape = self._shape if self._shape is not None else self._shapes[i]
         return raw_pixels(bytearray(value), shape, f"{self._path}[{i}]")

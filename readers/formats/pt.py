@@ -46,7 +46,7 @@ class PtShard(ShardReader):
             variable = layout.kind is StorageKind.VARIABLE_PIXELS
             self._shapes = tensors[spec.PT_SHAPES].numpy() if variable else None
         crcs = tensors.get(spec.PT_CRCS)
-        self._crcs = SampleCrcs(None if crcs is None else crcs.numpy(), path, len(self.labels))
+        self.crcs = SampleCrcs(None if crcs is None else crcs.numpy(), path, len(self.labels))
 
     def _get(self, key: str) -> torch.Tensor:
         try:
@@ -61,7 +61,7 @@ class PtShard(ShardReader):
         chunk = self._data[self._offsets[i] : self._offsets[i + 1]]
         if self._shapes is not None:
             return raw_pixels(chunk, self._shapes[i], f"{self._path}[{i}]").copy()
-        self._crcs.check(i, chunk)
+        self.crcs.check(i, chunk)
         return memoryview(chunk)
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:

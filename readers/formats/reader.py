@@ -7,6 +7,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
+from readers.formats.checks import SampleCrcs
+
 __all__ = ["ShardReader"]
 
 
@@ -15,6 +17,15 @@ class ShardReader(ABC):
     and raises ``DatasetError`` naming ``shard[index]`` for a damaged one."""
 
     labels: np.ndarray  # int64 [n]
+    crcs: SampleCrcs  # what every read of an encoded sample is checked against
+
+    @property
+    def verified(self) -> bool:
+        """Whether every encoded sample this shard serves is checked against the CRC-32
+        the converter recorded for the bytes it had just encoded or fully decoded: a reader
+        may then decode only the part of a sample it needs, as no damage can hide in the
+        rest. False for raw pixels and for shards written before CRCs were recorded."""
+        return self.crcs.recorded
 
     @abstractmethod
     def read(self, i: int) -> bytes | memoryview | np.ndarray:

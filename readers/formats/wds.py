@@ -100,7 +100,7 @@ class WdsShard(ShardReader):
         self.labels = np.asarray(index["labels"], dtype=np.int64)
         crcs = index.get(spec.WDS_CRC_COLUMN)
         crcs_array = None if crcs is None else np.asarray(crcs, dtype=np.uint32)
-        self._crcs = SampleCrcs(crcs_array, self._path, len(self.labels))
+        self.crcs = SampleCrcs(crcs_array, self._path, len(self.labels))
         self._npy_headers: set[bytes] = set()  # .npy headers npy_pixels accepted here
 
     def _checked(self, i: int, data: bytes) -> bytes | np.ndarray:
@@ -109,7 +109,7 @@ class WdsShard(ShardReader):
             pixels = npy_pixels(data, f"{self._path}[{i}]", self._shape)
             self._npy_headers.add(data[: len(data) - pixels.nbytes])
             return pixels
-        self._crcs.check(i, data)
+        self.crcs.check(i, data)
         return data
 
     def _member(self, i: int) -> bytes:

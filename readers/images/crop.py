@@ -57,6 +57,9 @@ class Crop:
 
     size: tuple[int, int]  # (height, width) of every output image
     flip: bool = False
+    # the batches' memory: [N, 3, H, W] with channels-last strides (as JPEGs decode), or
+    # NCHW-contiguous, written plane by plane by the decode threads (no copy afterwards)
+    channels_last: bool = True
 
     def boxes(self, sizes: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """int64 ``[n, 5]``: ``top, left, height, width, flip`` per sample, in pixels of
@@ -77,11 +80,14 @@ class CenterCrop(Crop):
     ``CenterCropRGBImageDecoder(size, ratio)``), and lets a large JPEG decode scaled down.
     """
 
-    def __init__(self, size: int | Sequence[int], ratio: float | None = None) -> None:
+    def __init__(
+        self, size: int | Sequence[int], ratio: float | None = None, channels_last: bool = True
+    ) -> None:
         if ratio is not None and not 0 < ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], not {ratio!r}")
         self.size = _size(size)
         self.ratio = ratio
+        self.channels_last = channels_last
 
     def boxes(self, sizes: np.ndarray, indices: np.ndarray) -> np.ndarray:
         h, w = np.asarray(sizes, dtype=np.int64).T
@@ -98,7 +104,8 @@ class CenterCrop(Crop):
         return np.stack([top, left, bh, bw, np.zeros_like(h)], axis=1)
 
     def __repr__(self) -> str:
-        return f"CenterCrop(size={self.size}, ratio={self.ratio})"
+        layout = "" if self.channels_last else ", channels_last=False"
+        return f"CenterCrop(size={self.size}, ratio={self.ratio}{layout})"
 
 
 class RandomResizedCrop(Crop):
@@ -117,6 +124,7 @@ class RandomResizedCrop(Crop):
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         flip: bool = False,
         seed: int = 0,
+        channels_last: bool = True,
     ) -> None:
         if not 0 < scale[0] <= scale[1] or not 0 < ratio[0] <= ratio[1]:
             raise ValueError(
@@ -127,6 +135,7 @@ class RandomResizedCrop(Crop):
         self.ratio = (float(ratio[0]), float(ratio[1]))
         self.flip = flip
         self.seed = seed
+        self.channels_last = channels_last
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
 
     @property
@@ -166,5 +175,6 @@ class RandomResizedCrop(Crop):
     def __repr__(self) -> str:
         return (
             f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, "
-            f"flip={self.flip}, seed={self.seed})"
+            f"flip={self.flip}, seed={self.seed}"
+            f"{'' if self.channels_last else ', channels_last=False'})"
         )

@@ -38,12 +38,14 @@ from readers.images.kernel import (
     jpeg_headers,
     kernel_decodes,
 )
+from readers.images.pool import DecodePool, batch_parts
 from readers.images.turbo import TurboDecoder, turbo_decoder
 from readers.spec import DatasetError
 
 __all__ = [
     "Probe",
     "crop_batch",
+    "crop_parts",
     "dct_factor",
     "fill_decoded",
     "fill_row",
@@ -155,15 +157,16 @@ def crop_batch(
     indices: np.ndarray,
     crop: Crop,
     rows: np.ndarray,
-    run: Callable[[Callable[[int], None], Sequence[int]], Any],
     where: Callable[[int], str],
-    threads: int,
+    verified: bool = False,
 ) -> None:
     """Fill ``rows`` (uint8 ``[n, H, W, 3]``) with the crops of the stored ``values`` of
-    samples ``indices``: sizes from the JPEG markers and every box drawn at once here,
-    then ``run(fill, range(threads))`` decodes straight into the rows, each of the caller's
-    ``threads`` filling one interleaved slice: the JPEGs the compiled kernel takes in one
-    call without the GIL (:mod:`readers.images.kernel`), the rest one by one.
+    samples ``indices``, on the calling thread (a decode thread: the caller splits a batch
+    into parts): sizes from the JPEG markers and every box drawn at once, then the JPEGs
+    the compiled kernel takes decoded in one call without the GIL
+    (:mod:`readers.images.kernel`), the rest one by one. ``verified``: the values passed
+    their CRC-32 (:attr:`readers.formats.reader.ShardReader.verified`), so the kernel may
+    stop decoding after each box.
 
     Raises:
         DatasetError: naming the sample (``where(row)``) that cannot be decoded.
@@ -193,25 +196,46 @@ def crop_batch(
     boxes = np.zeros((n, 5), dtype=np.int64)
     if known.any():
         boxes[known] = crop.boxes(sizes[known], indices[known])
+    failed = np.flatnonzero(fast)
+    if kernel is not None and len(failed):
+        failed = crop_rows(kernel, values, failed, boxes, sizes, rows, verified=verified)
+    for row in failed:  # libjpeg failed or warned: judged as without the kernel
+        data = values[row]
+        height, width = (int(v) for v in sizes[row])
+        found[row] = Probe(data if isinstance(data, bytes) else bytes(data), height, width)
 
-    def fill(row: int, probed: Probe | None) -> None:
+    def fill(row: int) -> None:
+        probed = found[row]
         if probed is None:
-            named(row, lambda: fill_decoded(values[row], crop, int(indices[row]), rows[row]))  # type: ignore[arg-type]
+            fill_decoded(values[row], crop, int(indices[row]), rows[row])  # type: ignore[arg-type]
         else:
-            named(row, lambda: fill_row(probed, boxes[row], rows[row], turbo))
+            fill_row(probed, boxes[row], rows[row], turbo)
 
-    by_kernel, one_by_one = np.flatnonzero(fast), np.flatnonzero(~fast)
-    step = max(1, min(threads, n))
+    for row in sorted([*failed, *np.flatnonzero(~fast)]):  # the first failing row raises
+        named(row, lambda r=row: fill(r))
 
-    def fill_slice(k: int) -> None:
-        failed = by_kernel[k::step]
-        if kernel is not None and len(failed):
-            failed = crop_rows(kernel, values, failed, boxes, sizes, rows)
-        for row in failed:  # libjpeg failed or warned: judged as without the kernel
-            data = values[row]
-            height, width = (int(v) for v in sizes[row])
-            fill(row, Probe(data if isinstance(data, bytes) else bytes(data), height, width))
-        for row in one_by_one[k::step]:
-            fill(row, found[row])
 
-    run(fill_slice, range(step))
+def crop_parts(
+    read: Callable[[slice], Sequence[bytes | memoryview | np.ndarray]],
+    indices: np.ndarray,
+    crop: Crop,
+    rows: np.ndarray,
+    where: Callable[[int], str],
+    verified: bool,
+    pool: DecodePool,
+    threads: int,
+) -> None:
+    """Fill ``rows`` with the crops of samples ``indices``, their stored values read part
+    by part (:func:`readers.images.pool.batch_parts`) by ``read(part)`` on the calling
+    thread while ``threads`` decode threads crop the parts already read
+    (:func:`crop_batch` each): reading overlaps decoding. The first failing row raises.
+
+    Raises:
+        DatasetError: naming the sample (``where(row)``) that cannot be read or decoded.
+    """
+
+    def decode(part: slice, values: Sequence[bytes | memoryview | np.ndarray]) -> None:
+        start = part.start
+        crop_batch(values, indices[part], crop, rows[part], lambda r: where(start + r), verified)
+
+    pool.pipeline(read, decode, batch_parts(len(indices), threads), threads)

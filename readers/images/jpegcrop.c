@@ -5,7 +5,7 @@
  *   headers(values, out)  one row of HEADER_FIELDS int64 per value, from the markers alone
  *                         (the walk of readers.images.jpeg.jpeg_header, plus the frame's
  *                         type, precision and components);
- *   crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct])
+ *   crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar]]])
  *                         for each row in `rows`: decode the box `boxes[row]` of the JPEG
  *                         `values[row]` (of the size `sizes[row]`) with libjpeg
  *                         (jpeg_crop_scanline for its columns, jpeg_skip_scanlines to an iMCU
@@ -15,11 +15,14 @@
  *                         fractional position), resize it
  *                         with torch's uint8 antialiased bilinear (bit-exact; AVX2 where the
  *                         CPU has it), mirror it if asked, and store it into `out[row]`
- *                         (uint8 [n, out_h, out_w, 3]); `status[row]` is 0, or the reason
- *                         the caller must decode that sample its own way.
+ *                         (uint8 [n, out_h, out_w, 3], or with `planar` [n, 3, out_h,
+ *                         out_w]); `status[row]` is 0, or the reason the caller must
+ *                         decode that sample its own way.
  * A libjpeg error or warning is a status, never an abort: the caller's fallback judges the
- * file. The rest of the entropy-coded data is still read after the box (without IDCT), so
- * the kernel refuses exactly the files a full decode warns about.
+ * file. Unless the caller says the bytes are `verified` (they passed the CRC-32 recorded
+ * when they were known to decode cleanly), the rest of the entropy-coded data is still read
+ * after the box (without IDCT), so the kernel refuses exactly the files a full decode warns
+ * about; verified, the decode stops after the box's last row.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -508,6 +511,27 @@ static void flip_rows(uint8_t *dst, size_t dst_stride, int rows, int width) {
     }
 }
 
+/* HWC rows (`stride` bytes apart) into the three planes of a CHW output, mirrored if asked. */
+static void to_planes(const uint8_t *src, size_t stride, int rows, int width, int flip,
+                      uint8_t *out) {
+    size_t plane = (size_t)rows * width;
+    for (int y = 0; y < rows; y++) {
+        const uint8_t *line = src + (size_t)y * stride;
+        uint8_t *r = out + (size_t)y * width, *g = r + plane, *b = g + plane;
+        if (flip) {
+            for (int x = 0; x < width; x++) {
+                const uint8_t *px = line + (size_t)(width - 1 - x) * 3;
+                r[x] = px[0], g[x] = px[1], b[x] = px[2];
+            }
+        } else {
+            for (int x = 0; x < width; x++) {
+                const uint8_t *px = line + (size_t)x * 3;
+                r[x] = px[0], g[x] = px[1], b[x] = px[2];
+            }
+        }
+    }
+}
+
 static void resize_across(const uint8_t *src, size_t stride, int rows, const Taps *t, int out_w,
                           uint8_t *dst, size_t dst_stride) {
 #ifdef HAVE_AVX2
@@ -556,6 +580,8 @@ typedef struct {
     size_t box_n;
     int32_t *acc;
     size_t acc_n;
+    uint8_t *rows; /* the resized HWC rows, before they are split into planes */
+    size_t rows_n;
 } Scratch;
 
 static int grow(void **buffer, size_t *have, size_t need) {
@@ -583,12 +609,18 @@ static int64_t ceil_div(int64_t v, int d) { return (v + d - 1) / d; }
 
 /* Resize (or copy) the box in `src` (`down.in` x `across.in` pixels, rows `stride` apart)
  * into the row `out`. */
+/* The box's pixels `src` resized (where a span is not a plain copy) and mirrored (if asked)
+ * into `out`: HWC rows, or with `planar` the three planes of a CHW row. */
 static int place(const uint8_t *src, size_t stride, Span down_span, Span across_span, int flip,
-                 uint8_t *out, int out_h, int out_w, Scratch *s) {
+                 int planar, uint8_t *out, int out_h, int out_w, Scratch *s) {
     size_t out_stride = (size_t)out_w * 3;
     int bh = down_span.in, bw = across_span.in;
     int across_n = !is_copy(across_span, out_w), down_n = !is_copy(down_span, out_h);
     if (!across_n && !down_n) {
+        if (planar) {
+            to_planes(src, stride, bh, bw, flip, out);
+            return 1;
+        }
         for (int y = 0; y < bh; y++) {
             const uint8_t *line = src + (size_t)y * stride;
             uint8_t *o = out + (size_t)y * out_stride;
@@ -597,6 +629,11 @@ static int place(const uint8_t *src, size_t stride, Span down_span, Span across_
                 for (int x = 0; x < bw; x++) memcpy(o + (size_t)(bw - 1 - x) * 3, line + (size_t)x * 3, 3);
         }
         return 1;
+    }
+    uint8_t *dst = out; /* the resized HWC rows */
+    if (planar) {
+        if (!grow((void **)&s->rows, &s->rows_n, (size_t)out_h * out_stride + SLACK)) return 0;
+        dst = s->rows;
     }
     Taps across = {0}, down = {0};
     int ok = 1;
@@ -607,15 +644,16 @@ static int place(const uint8_t *src, size_t stride, Span down_span, Span across_
              grow((void **)&s->acc, &s->acc_n, out_stride * sizeof(int32_t));
         if (ok) {
             resize_across(src, stride, bh, &across, out_w, s->box, out_stride);
-            resize_down(s->box, out_stride, out_stride, &down, out_h, out, out_stride, s->acc);
+            resize_down(s->box, out_stride, out_stride, &down, out_h, dst, out_stride, s->acc);
         }
     } else if (ok && across_n) {
-        resize_across(src, stride, bh, &across, out_w, out, out_stride);
+        resize_across(src, stride, bh, &across, out_w, dst, out_stride);
     } else if (ok) {
         ok = grow((void **)&s->acc, &s->acc_n, out_stride * sizeof(int32_t));
-        if (ok) resize_down(src, stride, out_stride, &down, out_h, out, out_stride, s->acc);
+        if (ok) resize_down(src, stride, out_stride, &down, out_h, dst, out_stride, s->acc);
     }
-    if (ok && flip) flip_rows(out, out_stride, out_h, out_w);
+    if (ok && planar) to_planes(dst, out_stride, out_h, out_w, flip, out);
+    else if (ok && flip) flip_rows(out, out_stride, out_h, out_w);
     if (across_n) free_taps(&across);
     if (down_n) free_taps(&down);
     return ok;
@@ -624,7 +662,8 @@ static int place(const uint8_t *src, size_t stride, Span down_span, Span across_
 /* Decode, crop, resize and store one sample; a CROP_* status. `cinfo` is ready for reuse
  * afterwards whatever happened (jpeg_abort_decompress). */
 static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, uint8_t *out,
-                    int out_h, int out_w, int64_t want_h, int64_t want_w, int dct, Scratch *s) {
+                    int out_h, int out_w, int64_t want_h, int64_t want_w, int dct, int verified,
+                    int planar, Scratch *s) {
     /* Everything changed after setjmp and read after a longjmp lives in `s` or is volatile. */
     volatile int status = CROP_LIBJPEG;
     if (setjmp(errors->jump)) {
@@ -693,18 +732,21 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
         JSAMPROW row = s->pixels + (size_t)((int64_t)cinfo->output_scanline - first) * line;
         jpeg_read_scanlines(cinfo, &row, 1);
     }
-    /* The rest of the entropy-coded data, without IDCT: its warnings are the full decode's. */
-    int64_t left_rows = H - (int64_t)cinfo->output_scanline;
-    if (left_rows > 1) jpeg_skip_scanlines(cinfo, (JDIMENSION)(left_rows - 1));
-    if ((int64_t)cinfo->output_scanline < H) {
-        if (!grow((void **)&s->box, &s->box_n, line)) {
-            status = CROP_MEMORY;
-            longjmp(errors->jump, 1);
+    if (verified) { /* bytes known to decode cleanly: nothing after the box is needed */
+        jpeg_abort_decompress(cinfo);
+    } else { /* the rest of the entropy-coded data, without IDCT: the full decode's warnings */
+        int64_t left_rows = H - (int64_t)cinfo->output_scanline;
+        if (left_rows > 1) jpeg_skip_scanlines(cinfo, (JDIMENSION)(left_rows - 1));
+        if ((int64_t)cinfo->output_scanline < H) {
+            if (!grow((void **)&s->box, &s->box_n, line)) {
+                status = CROP_MEMORY;
+                longjmp(errors->jump, 1);
+            }
+            JSAMPROW row = s->box;
+            jpeg_read_scanlines(cinfo, &row, 1);
         }
-        JSAMPROW row = s->box;
-        jpeg_read_scanlines(cinfo, &row, 1);
+        jpeg_finish_decompress(cinfo);
     }
-    jpeg_finish_decompress(cinfo);
     /* Now the pixels: the box straight from the decoded rows, or zero-padded first. */
     status = CROP_MEMORY;
     const uint8_t *src;
@@ -712,7 +754,8 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
     if (any && y0 == top && y1 == top + bh && x0 == left && x1 == left + bw) {
         src = s->pixels + (size_t)(top - first) * line + (size_t)(left - (int64_t)xoff) * 3;
         stride = line;
-        if (!place(src, stride, down, across, (int)box.flip, out, out_h, out_w, s)) return CROP_MEMORY;
+        if (!place(src, stride, down, across, (int)box.flip, planar, out, out_h, out_w, s))
+            return CROP_MEMORY;
         return CROP_OK;
     }
     size_t padded_line = (size_t)bw * 3, padded_n = (size_t)bh * padded_line;
@@ -723,17 +766,18 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
         memcpy(padded + (size_t)(y - top) * padded_line + (size_t)(x0 - left) * 3,
                s->pixels + (size_t)(y - first) * line + (size_t)(x0 - (int64_t)xoff) * 3,
                (size_t)(x1 - x0) * 3);
-    int ok = place(padded, padded_line, down, across, (int)box.flip, out, out_h, out_w, s);
+    int ok = place(padded, padded_line, down, across, (int)box.flip, planar, out, out_h, out_w, s);
     free(padded);
     return ok ? CROP_OK : CROP_MEMORY;
 }
 
 static PyObject *crop(PyObject *self, PyObject *args) {
     PyObject *values, *rows_obj, *boxes_obj, *out_obj, *status_obj, *sizes_obj;
-    int out_h, out_w, dct = 0;
+    int out_h, out_w, dct = 0, verified = 0, planar = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!OOOOOii|i", &PyList_Type, &values, &rows_obj, &boxes_obj,
-                          &sizes_obj, &out_obj, &status_obj, &out_h, &out_w, &dct))
+    if (!PyArg_ParseTuple(args, "O!OOOOOii|ipp", &PyList_Type, &values, &rows_obj, &boxes_obj,
+                          &sizes_obj, &out_obj, &status_obj, &out_h, &out_w, &dct, &verified,
+                          &planar))
         return NULL;
     if (out_h <= 0 || out_w <= 0) {
         PyErr_SetString(PyExc_ValueError, "the output size must be positive");
@@ -797,7 +841,7 @@ static PyObject *crop(PyObject *self, PyObject *args) {
                 status[row] = box.height > 0 && box.width > 0
                                   ? crop_one(&cinfo, &errors, bytes[k], box, out + row * row_bytes, out_h,
                                              out_w, sizes[row * 2], sizes[row * 2 + 1], dct,
-                                             &scratch)
+                                             verified, planar, &scratch)
                                   : CROP_UNSUPPORTED;
             }
             jpeg_destroy_decompress(&cinfo);
@@ -807,6 +851,7 @@ static PyObject *crop(PyObject *self, PyObject *args) {
         free(scratch.pixels);
         free(scratch.box);
         free(scratch.acc);
+        free(scratch.rows);
         Py_END_ALLOW_THREADS;
     }
     if (views != NULL) release_all(views, m);
@@ -841,11 +886,12 @@ static PyMethodDef methods[] = {
      "precision, components, complete) from each value's JPEG markers; zeros for a value "
      "that is not bytes-like or whose markers do not parse."},
     {"crop", crop, METH_VARARGS,
-     "crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct]): decode, crop, "
-     "resize and mirror values[row] into out[row] for each row, the GIL released; status[row] "
-     "0 or the reason to decode it another way. dct: the IDCT's scale denominator (1, 2, 4, "
-     "8) for boxes inside the image; 0 (default) picks the largest keeping the box at least "
-     "the output."},
+     "crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar]]]): "
+     "decode, crop, resize and mirror values[row] into out[row] for each row, the GIL "
+     "released; status[row] 0 or the reason to decode it another way. dct: the IDCT's scale "
+     "denominator (1, 2, 4, 8) for boxes inside the image; 0 (default) picks the largest "
+     "keeping the box at least the output. verified: stop decoding after the box. planar: "
+     "out is [n, 3, out_h, out_w] instead of [n, out_h, out_w, 3]."},
     {NULL, NULL, 0, NULL},
 };
 

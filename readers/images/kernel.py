@@ -86,22 +86,33 @@ def crop_rows(
     sizes: np.ndarray,
     out: np.ndarray,
     dct_denominator: int | None = None,
+    verified: bool = False,
 ) -> np.ndarray:
     """Decode the ``boxes`` (``[n, 5]`` top, left, height, width, flip) of the JPEGs
     ``values[rows]`` (of upright ``sizes``, ``[n, 2]`` height, width) into ``out[rows]``
-    (uint8 ``[n, H, W, 3]``) in one call without the GIL; returns the rows it could not
-    decode, for the Python path. ``dct_denominator`` (1, 2, 4, 8) scales the IDCT of boxes
-    inside the image by the caller's rule (the converter's); None: by
-    :func:`readers.images.fused.dct_factor`'s."""
+    (uint8 ``[n, H, W, 3]``: C-contiguous, or the HWC view of a C-contiguous ``[n, 3, H,
+    W]``, which the kernel then fills plane by plane) in one call without the GIL; returns
+    the rows it could not decode, for the Python path. ``dct_denominator`` (1, 2, 4, 8)
+    scales the IDCT of boxes inside the image by the caller's rule (the converter's); None:
+    by :func:`readers.images.fused.dct_factor`'s. ``verified`` (the bytes passed their
+    CRC-32, see :attr:`readers.formats.reader.ShardReader.verified`) stops each decode after
+    the box's last row; otherwise the rest is entropy-decoded too, so that damage anywhere
+    in the file fails as a full decode's would."""
+    planes = out.transpose(0, 3, 1, 2)
+    planar = not out.flags.c_contiguous
+    if planar and not planes.flags.c_contiguous:
+        raise ValueError("out must be a C-contiguous NHWC array or the NHWC view of an NCHW one")
     status = np.zeros(len(values), dtype=np.int32)
     kernel.crop(
         list(values),
         np.ascontiguousarray(rows, dtype=np.int64),
         np.ascontiguousarray(boxes, dtype=np.int64),
         np.ascontiguousarray(sizes, dtype=np.int64),
-        out,
+        planes if planar else out,
         status,
         *out.shape[1:3],
         dct_denominator or 0,
+        verified,
+        planar,
     )
     return rows[status[rows] != 0]

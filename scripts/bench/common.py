@@ -93,6 +93,7 @@ def machine_info() -> dict[str, Any]:
         "pillow_libjpeg_turbo": features.version("libjpeg_turbo"),
         "webdataset": webdataset.__version__,
         "imgpack_jpeg_decoder": readers.decoder_name(),
+        "imgpack_crop_decoder": readers.decoder_name(crop=True),
         "imgpack_code": code_state(),
     }
 
