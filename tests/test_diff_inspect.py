@@ -159,3 +159,17 @@ def test_inspect_grid_draws_the_tiles_asked_for(datasets, tmp_path):
     assert result.exit_code == 0 and "8 tiles" in result.output
     refused = invoke("inspect", datasets["raw"], "--grid", tmp_path / "x.png", "--classes", "cats")
     assert refused.exit_code == 1 and "no class 'cats'" in refused.output
+
+
+def test_a_damaged_sample_is_an_error_naming_it(datasets, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(datasets["jpeg"], damaged)
+    tar = damaged / "shard-000001.tar"
+    index = json.loads((damaged / "shard-000001.tar.idx.json").read_text())
+    data = bytearray(tar.read_bytes())
+    middle = index["offsets"][4] + index["sizes"][4] // 2
+    data[middle : middle + 8] = bytes(8)
+    tar.write_bytes(bytes(data))
+    result = invoke("diff", datasets["raw"], damaged)
+    assert result.exit_code == 2
+    assert "shard-000001.tar[4]" in result.output and "Traceback" not in result.output
