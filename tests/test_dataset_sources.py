@@ -23,6 +23,7 @@ from click.testing import CliRunner
 import readers
 from convert import ConvertOptions, convert_folder
 from convert.cli import main
+from convert.diff import diff_datasets
 from readers import spec
 from tests.conftest import SAMPLE_DATA
 from tests.photos import photo_folder
@@ -87,6 +88,8 @@ def test_folder_to_a_to_b_matches_folder_to_b(tmp_path):
         assert a.samples == b.samples and a.classes == b.classes
         diffs = [mean_abs_diff(a.stored(i), b.stored(i)) for i in range(len(a))]
         assert max(diffs) <= tolerance, (encoding, max(diffs))
+        report = diff_datasets(via, direct)  # what imgpack diff says of the same pair
+        assert report.equivalent and report.max_diff == pytest.approx(max(diffs))
         assert readers.load_manifest(via).source["encoding"] == encoding
 
 
