@@ -39,6 +39,7 @@ __all__ = [
     "disk_full",
     "kept_files",
     "refuse_contents",
+    "refuse_dst_at_source_url",
     "refuse_dst_in_src",
     "remove_if_empty",
     "write_errors",
@@ -66,8 +67,9 @@ class Destination(Protocol):
         """DST as the result names it: the folder, or the URL."""
         ...
 
-    def claim(self, src: Path, overwrite: bool, resume: bool) -> None:
-        """Lock DST for this run, refusing (with nothing touched) one it may not write."""
+    def claim(self, src: Path | None, overwrite: bool, resume: bool) -> None:
+        """Lock DST for this run, refusing (with nothing touched) one it may not write
+        (``src``: the local folder the source lives in, if any)."""
         ...
 
     def is_complete(self) -> bool:
@@ -116,9 +118,10 @@ class LocalDestination:
         self._made = not dst.exists()  # by this run, which removes it if left empty
         self._lock: DestinationLock | None = None
 
-    def claim(self, src: Path, overwrite: bool, resume: bool) -> None:
+    def claim(self, src: Path | None, overwrite: bool, resume: bool) -> None:
         """Refuse a DST inside SRC, then lock DST (:func:`claim_destination`)."""
-        refuse_dst_in_src(src, self.folder)
+        if src is not None:
+            refuse_dst_in_src(src, self.folder)
         self._lock = claim_destination(self.folder, overwrite, resume)
 
     def is_complete(self) -> bool:
@@ -237,6 +240,14 @@ def refuse_dst_in_src(src: Path, dst: Path) -> None:
         )
 
 
+def refuse_dst_at_source_url(source: str, dst: str) -> None:
+    """A DST URL that is the source's own (or inside it): ``--overwrite`` would delete the
+    source dataset before it is read."""
+    src_url, dst_url = source.rstrip("/"), dst.rstrip("/")
+    if dst_url == src_url or dst_url.startswith(src_url + "/"):
+        raise ValueError(f"{dst}: DST is SRC ({source}) or inside it; write to a new URL")
+
+
 def disk_full(dst: Path, error: BaseException) -> bool:
     """True if ``error`` comes from a full disk. LMDB reports one as an I/O error, so
     beyond ENOSPC/EDQUOT, a write error with under 1 MiB free also counts."""
@@ -259,19 +270,22 @@ def write_errors(path: Path, errors: list[dict[str, str]]) -> None:
 def write_manifest(
     dst: Path,
     options: ConvertOptions,
-    classes: list[str],
+    layout: spec.Layout,
     entries: list[ShardEntry],
     result: ConvertResult,
     workers: int,
     source_fingerprint: str,
+    source: dict[str, Any] | None = None,
 ) -> None:
-    """Write ``imgpack.json``, last and atomically: its presence marks a complete dataset."""
+    """Write ``imgpack.json``, last and atomically: its presence marks a complete dataset;
+    ``source`` is what it records of a source other than an image folder."""
     shapes = {tuple(s) for e in entries for s in e.shapes}
     # Raw pixels: the stored layout (fixed only with --center-crop). Encoded: what decodes.
     if options.encoding == "raw":
-        shape = options.transform.output_shape()
+        shape = layout.shape
     else:
         shape = next(iter(shapes)) if len(shapes) == 1 else None
+    classes = layout.classes
     per_class = Counter()
     for e in entries:
         per_class.update(e.per_class)
@@ -293,4 +307,5 @@ def write_manifest(
         options=json.loads(json.dumps(asdict(options))),
         converted_with={"workers": workers, "jpeg_decoder": decoder_name(crop=resizes)},
         errors_file=ERRORS_NAME if result.skipped else None,
+        source=source,
     ).write()

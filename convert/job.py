@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from convert.options import ConvertOptions
 from convert.scan import Sample, Scan
+from convert.sources import SampleReader, SampleSource
 from convert.writers import Layout
 
 __all__ = ["BadInputError", "Job", "bad_input"]
@@ -31,7 +32,7 @@ def bad_input(error: dict[str, str], resumable: bool) -> BadInputError:
 class Job:
     """The source's samples in writing order and how to write them."""
 
-    src: Path
+    source: SampleSource
     folder: Path  # where the shards are written: DST, or a bucket DST's staging folder
     options: ConvertOptions
     scan: Scan
@@ -42,12 +43,17 @@ class Job:
     progress: bool | None
     staged: bool  # ``folder`` is on this machine only: the shards are uploaded from here
 
+    @property
+    def reader(self) -> SampleReader:
+        """What the workers read the samples through."""
+        return self.source.reader()
+
     def layout(self) -> Layout:
         """What every shard's writer is told about the samples."""
         options = self.options
         return Layout(
             options.encoding,
-            options.transform.output_shape(),
+            options.transform.output_shape(self.scan.fixed_shape),
             tuple(self.scan.classes),
             options.compression,
         )

@@ -50,6 +50,7 @@ class ConvertOptions:
     classes: tuple[str, ...] | None = None  # the class list (labels); None: SRC's folders
     labels_file: str | None = None  # CSV/TSV of relative_path,label_name instead of folders
     unlabeled: bool = False  # every image, label spec.UNLABELED
+    label_key: str | None = None  # a WebDataset or Parquet source's label field
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option and the fix."""

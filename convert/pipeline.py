@@ -1,6 +1,8 @@
 """The conversion job as a plain function: claim DST, scan, write the shards, finish.
 
-One straight path for every DST and executor: a :class:`~convert.destination.Destination`
+One straight path for every SRC, DST and executor: a
+:class:`~convert.sources.SampleSource` (an image folder, an imgpack dataset...) gives the
+samples and the reader the workers read them through; a :class:`~convert.destination.Destination`
 (a local folder, or a bucket's through ``convert.remote``) says where the shards go and
 what is already there; an :class:`~convert.executors.Executor` (``--executor``) prepares
 the samples and writes the shards, reporting each to its
@@ -17,7 +19,6 @@ import os
 import random
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from convert.destination import (
@@ -25,6 +26,7 @@ from convert.destination import (
     Destination,
     LocalDestination,
     disk_full,
+    refuse_dst_at_source_url,
     write_errors,
     write_manifest,
 )
@@ -34,7 +36,8 @@ from convert.journal import same_options, source_fingerprint
 from convert.ledger import Ledger
 from convert.options import ON_ERROR, ConvertOptions, ConvertResult, default_workers
 from convert.remote import RemoteDestination
-from convert.scan import Sample, Scan, scan_source
+from convert.scan import Sample, Scan
+from convert.sources import SampleSource, open_source
 from readers import spec
 from readers.storage.remote import StorageError, is_url, local_path
 
@@ -65,7 +68,10 @@ def convert_folder(
     executor: str = "local",
     ray_address: str | None = None,
 ) -> ConvertResult:
-    """Convert the ImageNet-layout folder ``src`` into an imgpack dataset at ``dst``.
+    """Convert ``src`` into an imgpack dataset at ``dst``: an ImageNet-layout folder, an
+    imgpack dataset of any format (a folder holding ``imgpack.json``, or its URL), whose
+    labels, class names and source paths carry over, WebDataset tars of other tools or
+    Hugging Face Parquet files (:func:`convert.sources.open_source` says which is which).
 
     ``dst`` may be a URL (``s3://bucket/prefix``): the run stages each shard in
     ``staging`` (default under ``~/.cache/imgpack/staging``) and uploads it when complete,
@@ -101,12 +107,14 @@ def convert_folder(
         if is_url(dst)
         else LocalDestination(local_path(dst))
     )
-    src = Path(src)
+    source = open_source(src, options.label_key)
+    if is_url(dst) and is_url(source.where):
+        refuse_dst_at_source_url(source.where, str(dst))
     # The destination first: a busy, forbidden or missing one is refused before the scan,
     # which takes minutes on ImageNet.
-    destination.claim(src, overwrite, resume)
+    destination.claim(source.local_folder, overwrite, resume)
     try:
-        scan, samples = _scan(src, options)
+        scan, samples = _scan(source, options)
         if on_error == "fail" and scan.problems:
             raise bad_input(scan.problems[0], resumable=False)
         run = EXECUTORS[executor](options, samples, ray_address)
@@ -125,7 +133,7 @@ def convert_folder(
             journal.start(header, kept)
             ledger = run.start(journal, kept, destination.publish)
             job = Job(
-                src=src,
+                source=source,
                 folder=destination.folder,
                 options=options,
                 scan=scan,
@@ -143,15 +151,9 @@ def convert_folder(
     return result
 
 
-def _scan(src: Path, options: ConvertOptions) -> tuple[Scan, list[Sample]]:
+def _scan(source: SampleSource, options: ConvertOptions) -> tuple[Scan, list[Sample]]:
     """The source's samples, in writing order (shuffled when asked)."""
-    scan = scan_source(
-        src,
-        include_hidden=options.include_hidden,
-        classes=options.classes,
-        labels_file=Path(options.labels_file) if options.labels_file else None,
-        unlabeled=options.unlabeled,
-    )
+    scan = source.scan(options)
     samples = scan.samples
     if options.shuffle:
         order = list(range(len(samples)))
@@ -170,11 +172,12 @@ def _finish(job: Job, destination: Destination, run: Executor, ledger: Ledger) -
         write_manifest(
             job.folder,
             job.options,
-            job.scan.classes,
+            job.layout(),
             ledger.entries,
             result,
             workers,
             job.fingerprint,
+            job.source.record(),
         )
         destination.finish()  # a bucket's: the errors file and the manifest, last
     except BaseException as e:
@@ -201,7 +204,8 @@ def _result(job: Job, destination: Destination, ledger: Ledger, seconds: float) 
     if errors:
         write_errors(job.folder / ERRORS_NAME, errors)
     if not ledger.entries:
-        raise ValueError(f"{job.src}: no image could be converted (see {job.folder / ERRORS_NAME})")
+        errors_file = job.folder / ERRORS_NAME
+        raise ValueError(f"{job.source.where}: no image could be converted (see {errors_file})")
     return ConvertResult(
         destination.dst,
         written=ledger.written_samples,

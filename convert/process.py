@@ -34,6 +34,7 @@ from PIL import Image
 from readers.images import kernel as jk
 from readers.images.decode import (
     StoredImage,
+    check_pixels,
     decode_image,
     decode_stored,
     decoder_name,
@@ -82,11 +83,16 @@ class Transform:
     exact_resize: bool = False
     max_pixels: int | None = None  # the decompression-bomb limit; None: Pillow's
 
-    def output_shape(self) -> tuple[int, int, int] | None:
-        """The fixed [H, W, 3] every sample gets, or None when shapes vary."""
-        if self.encoding == "raw" and self.center_crop:
+    def output_shape(
+        self, source_shape: tuple[int, int, int] | None = None
+    ) -> tuple[int, int, int] | None:
+        """The fixed [H, W, 3] every sample gets, or None when shapes vary;
+        ``source_shape``: the one the source's raw pixels all have, if they do."""
+        if self.encoding != "raw":
+            return None
+        if self.center_crop:
             return (self.center_crop, self.center_crop, 3)
-        return None
+        return None if self.resize else source_shape
 
 
 @dataclass(frozen=True)
@@ -171,8 +177,11 @@ def _original_ext(data: bytes, name: str) -> str:
     return ext
 
 
-def prepare(data: bytes, name: str, t: Transform) -> Prepared:
-    """Turn one source file's bytes into the stored sample; ValueError names a bad file."""
+def prepare(data: bytes | np.ndarray, name: str, t: Transform) -> Prepared:
+    """Turn one source sample (a file's bytes, or a dataset's raw ``[H, W, 3]`` pixels)
+    into the stored sample; ValueError names a bad one."""
+    if isinstance(data, np.ndarray):
+        return _prepare_pixels(data, name, t)
     if t.encoding == "original":  # a full decode: the check that the bytes decode
         pixels = decode_image(data, name, max_pixels=t.max_pixels)
         return Prepared(data, _original_ext(data, name), pixels.shape)
@@ -181,6 +190,20 @@ def prepare(data: bytes, name: str, t: Transform) -> Prepared:
     if pixels is None:
         stored = decode_stored(data, name, min_side, max_pixels=t.max_pixels)
         pixels = _resized(stored, t.resize)
+    return _cropped_and_encoded(pixels, t)
+
+
+def _prepare_pixels(pixels: np.ndarray, name: str, t: Transform) -> Prepared:
+    """Raw pixels of a dataset source: resized, cropped and stored as ``t`` says (raw to
+    raw with no geometry change keeps the very pixels, so the same content checksum)."""
+    if t.encoding == "original":
+        raise ValueError(f"{name}: raw pixels have no original bytes: use --encoding raw or jpeg")
+    check_pixels(pixels.shape[1], pixels.shape[0], name, t.max_pixels)
+    return _cropped_and_encoded(resize_shorter(pixels, t.resize) if t.resize else pixels, t)
+
+
+def _cropped_and_encoded(pixels: np.ndarray, t: Transform) -> Prepared:
+    """The last steps of every sample: the centre crop, then the stored encoding."""
     if t.center_crop:
         pixels = center_crop(pixels, t.center_crop)
     if t.encoding == "jpeg":

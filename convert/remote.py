@@ -118,7 +118,7 @@ class RemoteDestination:
     def dst(self) -> str:
         return self.remote.url
 
-    def claim(self, src: Path, overwrite: bool, resume: bool) -> None:
+    def claim(self, src: Path | None, overwrite: bool, resume: bool) -> None:
         """Lock the staging folder and refuse, before anything is written or scanned, a
         DST this run may not write into: a missing bucket, a non-empty folder without
         ``overwrite`` or ``resume``, objects imgpack did not write. What an earlier run

@@ -43,11 +43,13 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One source image: its path relative to SRC and its class index (slots: the main
-    process holds one per image for the whole run, ~48 bytes each beside the path)."""
+    """One source image: its path relative to SRC, its class index and, for a dataset
+    source, its position there (slots: the main process holds one per image for the whole
+    run, ~56 bytes each beside the path)."""
 
     relpath: str
     label: int
+    index: int | None = None  # the sample's index in a source dataset; None: a file
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Scan:
     problems: list[dict[str, str]] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)  # relative paths skipped as hidden
     empty_classes: list[str] = field(default_factory=list)  # listed, but no folder
+    fixed_shape: tuple[int, int, int] | None = None  # every sample's raw [H, W, 3], if one
 
 
 def _hidden(name: str) -> bool:

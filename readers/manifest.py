@@ -59,6 +59,7 @@ class Manifest:
     options: dict[str, Any] = field(default_factory=dict)  # of the conversion
     converted_with: dict[str, Any] | None = None
     errors_file: str | None = None
+    source: dict[str, Any] | None = None  # a dataset converted from another: where from
 
     @property
     def num_samples(self) -> int:
@@ -105,6 +106,7 @@ class Manifest:
             "options": self.options,
             "converted_with": self.converted_with,
             "errors_file": self.errors_file,
+            "source": self.source,
         }
         return {k: v for k, v in out.items() if v is not None}
 
@@ -311,6 +313,7 @@ def _parse_manifest(location: Location, raw: Any, expect_format: str | None) -> 
         options=_optional(raw, "options", dict, bad) or {},
         converted_with=_optional(raw, "converted_with", dict, bad),
         errors_file=_optional(raw, "errors_file", str, bad),
+        source=_optional(raw, "source", dict, bad),
     )
 
 

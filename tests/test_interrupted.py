@@ -180,10 +180,14 @@ import sys
 from pathlib import Path
 from convert.executors.pool import WorkerDiedError, prepared_in_order
 from convert.process import Transform
+from convert.scan import Sample
+from convert.sources import FolderReader
 src = Path(sys.argv[1])
 files = sorted(str(p.relative_to(src)) for p in src.rglob("*.jpg")) * 20
+samples = [Sample(f, 0) for f in files]
+transform = Transform("raw", 512, None, 90, True, None)
 try:
-    for _ in prepared_in_order(src, files, Transform("raw", 512, None, 90, True, None), 2):
+    for _ in prepared_in_order(FolderReader(str(src)), samples, transform, 2):
         pass
 except WorkerDiedError:
     sys.exit(3)

@@ -10,7 +10,9 @@ import click
 
 from convert.cli.convert import convert
 from convert.cli.dataset import info, verify
+from convert.cli.diff import diff
 from convert.cli.errors import ImgpackGroup
+from convert.cli.inspect import inspect
 from convert.cli.measure import bench, tune
 from readers import __version__
 
@@ -29,6 +31,8 @@ def main(ctx: click.Context, debug: bool) -> None:
         --resize 256 --center-crop 224
     imgpack info /data/in1k-pt
     imgpack verify /data/in1k-pt --deep
+    imgpack diff /data/in1k-pt s3://bucket/in1k-wds
+    imgpack inspect /data/in1k-pt --grid sheet.png
     """
     ctx.obj = {"debug": debug}
     logging.basicConfig(
@@ -36,5 +40,5 @@ def main(ctx: click.Context, debug: bool) -> None:
     )
 
 
-for command in (convert, info, verify, bench, tune):
+for command in (convert, info, verify, diff, inspect, bench, tune):
     main.add_command(command)

@@ -1,4 +1,5 @@
-"""``imgpack convert``: parse the options, call :func:`convert.convert_folder`, report."""
+"""``imgpack convert``: parse the options, call :func:`convert.convert_folder` (any source:
+``convert.sources``), report."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from convert.cli.options import progress_option
 from convert.executors import EXECUTORS
 from convert.options import ON_ERROR, ConvertOptions, default_workers
 from convert.pipeline import ConversionInterrupted, convert_folder
@@ -30,7 +32,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 @click.command()
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src")
 @click.argument("dst")
 @click.option(
     "--format",
@@ -78,7 +80,9 @@ def _interrupt(signum: int, frame: object) -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="The class list, one name per line, in label order (e.g. the training set's, so "
     "that a validation folder missing a class keeps the same labels). A sub-folder not in "
-    "it is an error; a listed class without a folder is reported.",
+    "it is an error; a listed class without a folder is reported. For a dataset SRC: its "
+    "labels are renumbered by class name; for WebDataset or Parquet: the names of the "
+    "class numbers 0, 1, ...",
 )
 @click.option(
     "--classes-from",
@@ -98,6 +102,13 @@ def _interrupt(signum: int, frame: object) -> None:
     "--unlabeled",
     is_flag=True,
     help="Convert every image below SRC, in any layout, with label -1 and no classes.",
+)
+@click.option(
+    "--label-key",
+    metavar="KEY",
+    help="For a WebDataset SRC: the member extension holding each sample's label, a class "
+    "number or name [default: cls]. For a Parquet SRC: the label column [default: the "
+    "ClassLabel feature, else 'label'].",
 )
 @click.option(
     "--include-hidden",
@@ -191,15 +202,11 @@ def _interrupt(signum: int, frame: object) -> None:
     "(about one shard's space; the journal --resume needs is in the bucket, so any "
     "machine can resume) [default: ~/.cache/imgpack/staging/<hash of DST>].",
 )
-@click.option(
-    "--progress/--no-progress",
-    default=None,
-    help="Progress bar [default: on when stderr is a terminal].",
-)
+@progress_option
 @click.pass_context
 def convert(
     ctx: click.Context,
-    src: Path,
+    src: str,
     dst: str,
     fmt: str,
     encoding: str,
@@ -208,6 +215,7 @@ def convert(
     classes_from: str | None,
     labels_file: Path | None,
     unlabeled: bool,
+    label_key: str | None,
     include_hidden: bool,
     exact_resize: bool,
     center_crop: int | None,
@@ -228,6 +236,16 @@ def convert(
     progress: bool | None,
 ) -> None:
     """Convert SRC, an image folder with one sub-folder per class, into DST.
+
+    SRC may also be an imgpack dataset of any format, a folder holding imgpack.json or a
+    URL: re-format, re-encode, resize, crop, re-shard or --shuffle it, with its labels,
+    class names and source paths carried over; the new manifest records the source and
+    its content checksum (raw to raw with no --resize/--center-crop keeps the checksum).
+    Or WebDataset tars made by other tools (a folder of .tar files, a glob, a brace pattern
+    such as 'shards/train-{0000..0099}.tar', or a URL; the image is the jpg/jpeg/png/webp
+    member, the label the cls member or --label-key), or Parquet files in the Hugging Face
+    image layout ({bytes, path} image column, integer label; class names from the schema's
+    ClassLabel, else --classes FILE, else the numbers).
 
     DST is a folder, or a URL such as s3://bucket/prefix (fsspec; credentials from the
     usual chain: AWS_* variables including AWS_ENDPOINT_URL, ~/.aws, instance roles).
@@ -254,6 +272,7 @@ def convert(
         classes=classes,
         labels_file=str(labels_file) if labels_file else None,
         unlabeled=unlabeled,
+        label_key=label_key,
         center_crop=center_crop,
         quality=quality,
         shard_size=shard_size,

@@ -25,6 +25,7 @@ def describe(manifest: Manifest) -> str:
         f"samples    {m.num_samples} written, {m.skipped or 0} skipped",
         f"bytes      {total_bytes:,} in {len(manifest.shards)} shard(s)",
         f"checksum   {m.content_sha256 or '?'}",
+        *([f"source     {m.source.get('kind')} {m.source.get('location')}"] if m.source else []),
         f"classes    {len(manifest.classes)}",
     ]
     per_class = m.samples_per_class or {}

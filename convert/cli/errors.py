@@ -21,9 +21,12 @@ class ImgpackGroup(click.Group):
             fail(ctx, e)
 
 
-def fail(ctx: click.Context, error: Exception) -> NoReturn:
+def fail(ctx: click.Context, error: Exception, exit_code: int = 1) -> NoReturn:
     """A user's mistake as a one-line error, or the traceback with ``imgpack --debug``
-    (for a command's own errors of other kinds, too: matplotlib missing for a plot)."""
+    (for a command's own errors of other kinds, too: matplotlib missing for a plot);
+    ``exit_code`` for a command whose status 1 means something else (``diff``: 2)."""
     if ctx.obj and ctx.obj.get("debug"):
         raise error
-    raise click.ClickException(str(error)) from error
+    exception = click.ClickException(str(error))
+    exception.exit_code = exit_code
+    raise exception from error

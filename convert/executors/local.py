@@ -82,9 +82,7 @@ def _write_samples(job: Job, ledger: SequentialLedger, output: ShardedOutput) ->
     start = ledger.start
     bar = job.progress_bar(start)
     todo = job.samples[start:]
-    stream = prepared_in_order(
-        job.src, [s.relpath for s in todo], job.options.transform, job.workers
-    )
+    stream = prepared_in_order(job.reader, todo, job.options.transform, job.workers)
     with bar, contextlib.closing(stream):
         positions = range(start, len(job.samples))
         for position, sample, prepared in zip(positions, todo, stream, strict=True):

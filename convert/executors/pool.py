@@ -1,8 +1,10 @@
 """Where samples are prepared: worker processes that read, decode, resize, crop and encode
-(the local executor's pool; the Ray tasks call the same :func:`prepare_files`).
+(the local executor's pool; the Ray tasks call the same :func:`prepare_samples`).
 
-Each chunk of files travels to a worker with the folder it lies in and the recipe
-(:class:`convert.process.Transform`, which carries the decompression-bomb limit too):
+Each chunk of samples travels to a worker with the source's reader
+(:class:`convert.sources.SampleReader`: the folder they lie in, or the dataset they are
+read from) and the recipe (:class:`convert.process.Transform`, which carries the
+decompression-bomb limit too):
 nothing reaches a worker through a module global or a process-wide setting, so one worker
 (run in the caller's process) behaves as a pool does and leaves the caller as it was.
 
@@ -26,13 +28,15 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 
+import numpy as np
 import torch
 
 from convert.process import Prepared, Transform, prepare
+from convert.scan import Sample
+from convert.sources.base import SampleReader
 
-__all__ = ["WorkerDiedError", "prepare_files", "prepared_in_order"]
+__all__ = ["WorkerDiedError", "prepare_samples", "prepared_in_order"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -41,15 +45,23 @@ class WorkerDiedError(OSError):
     """A worker process died (killed, out of memory): the run stops, resumable."""
 
 
-def prepare_files(src: str, transform: Transform, relpaths: list[str]) -> list[Prepared | str]:
-    """Prepare files of ``src`` in order; a bad file gives its error message, not a raise."""
-    return [_prepare_file(src, transform, relpath) for relpath in relpaths]
+def prepare_samples(
+    reader: SampleReader, transform: Transform, samples: list[Sample]
+) -> list[Prepared | str]:
+    """Read and prepare ``samples`` in order; a bad one gives its error message, not a
+    raise."""
+    return [
+        stored if isinstance(stored, str) else _prepare_one(stored, sample.relpath, transform)
+        for sample, stored in zip(samples, reader.read(samples), strict=True)
+    ]
 
 
-def _prepare_into_spool(src: str, transform: Transform, relpaths: list[str], spool: str) -> str:
-    """:func:`prepare_files` in a worker, its results written to a new file in ``spool``;
+def _prepare_into_spool(
+    reader: SampleReader, transform: Transform, samples: list[Sample], spool: str
+) -> str:
+    """:func:`prepare_samples` in a worker, its results written to a new file in ``spool``;
     returns the file's path (a short message, written to the result pipe atomically)."""
-    results = prepare_files(src, transform, relpaths)
+    results = prepare_samples(reader, transform, samples)
     fd, path = tempfile.mkstemp(dir=spool, suffix=".prepared")
     with os.fdopen(fd, "wb") as f:
         pickle.dump(results, f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -66,39 +78,33 @@ def _take_from_spool(path: str) -> list[Prepared | str]:
         os.unlink(path)
 
 
-def _prepare_file(src: str, transform: Transform, relpath: str) -> Prepared | str:
+def _prepare_one(stored: bytes | np.ndarray, name: str, transform: Transform) -> Prepared | str:
     try:
-        with open(os.path.join(src, relpath), "rb") as f:
-            data = f.read()
-        if not data:
-            raise ValueError(f"{relpath}: empty file")
-        return prepare(data, relpath, transform)
-    except OSError as e:
-        return f"{relpath}: cannot read: {e.strerror or e}"
+        return prepare(stored, name, transform)
     except ValueError as e:
         return str(e)
 
 
 def prepared_in_order(
-    src: Path, relpaths: list[str], transform: Transform, workers: int
+    reader: SampleReader, samples: list[Sample], transform: Transform, workers: int
 ) -> Iterator[Prepared | str]:
     """Prepared samples in input order, from a process pool (or in-process for 1 worker)."""
+    chunk = max(1, min(16, len(samples) // (workers * 8)))
+    chunks = (samples[i : i + chunk] for i in range(0, len(samples), chunk))
     if workers <= 1:  # in this process, on one core as asked: torch's threads too
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            for relpath in relpaths:
-                yield _prepare_file(str(src), transform, relpath)
+            for part in chunks:
+                yield from prepare_samples(reader, transform, part)
         finally:
             torch.set_num_threads(threads)
         return
-    chunk = max(1, min(16, len(relpaths) // (workers * 8)))
-    chunks = (relpaths[i : i + chunk] for i in range(0, len(relpaths), chunk))
     spool = tempfile.TemporaryDirectory(prefix="imgpack-prepared-")
     pool = ProcessPoolExecutor(workers, initializer=_init_worker)
 
-    def submit(part: list[str]) -> Future[str]:
-        return pool.submit(_prepare_into_spool, str(src), transform, part, spool.name)
+    def submit(part: list[Sample]) -> Future[str]:
+        return pool.submit(_prepare_into_spool, reader, transform, part, spool.name)
 
     try:
         # A bounded window of chunks in flight: memory stays flat whatever the folder size,
@@ -112,7 +118,7 @@ def prepared_in_order(
                 in_flight.extend(map(submit, itertools.islice(chunks, 1)))  # raises once one died
             except BrokenProcessPool as e:
                 raise WorkerDiedError(
-                    f"a worker process died while preparing {relpaths[done]} or the files "
+                    f"a worker process died while preparing {samples[done].relpath} or the files "
                     "after it (killed, or out of memory?): rerun with --resume"
                 ) from e
             done += len(results)

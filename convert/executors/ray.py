@@ -82,7 +82,7 @@ class RayExecutor:
             with job.progress_bar(ledger.kept_positions()) as bar:
                 error = ray_tasks.run_shards(
                     ray_tasks.ShardJob(
-                        job.src, job.folder, job.samples, job.options.transform, job.layout()
+                        job.reader, job.folder, job.samples, job.options.transform, job.layout()
                     ),
                     ledger,
                     stop_on_error=job.on_error == "fail",

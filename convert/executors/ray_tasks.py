@@ -2,7 +2,7 @@
 
 The driver (the ``imgpack convert`` process) plans the shards
 (``convert.executors.planned``) and, for each, submits preparation tasks over chunks of its
-files (:func:`convert.executors.pool.prepare_files`, the local executor's code) and one
+samples (:func:`convert.executors.pool.prepare_samples`, the local executor's code) and one
 write task that receives their results, writes the shard into a folder it is given and
 returns a :class:`~convert.executors.planned.ShardOutcome`. The driver
 publishes each completed shard (``PlannedLedger.completed``: nothing to do for a DST that
@@ -38,9 +38,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tqdm import tqdm
 
 from convert.executors.planned import PlannedLedger, ShardOutcome, ShardTask, write_shard
-from convert.executors.pool import WorkerDiedError, prepare_files
+from convert.executors.pool import WorkerDiedError, prepare_samples
 from convert.process import Prepared, Transform
 from convert.scan import Sample
+from convert.sources import SampleReader
 from convert.writers import Layout
 
 __all__ = ["ShardJob", "connected", "run_shards"]
@@ -75,9 +76,9 @@ def connected(address: str | None, cpus: int | None) -> Iterator[int]:
 
 @dataclass(frozen=True)
 class ShardJob:
-    """What every shard of a run shares: where the files come from and go, and the recipe."""
+    """What every shard of a run shares: where the samples come from and go, and the recipe."""
 
-    src: Path
+    reader: SampleReader
     dst: Path  # the folder the write tasks write into (a remote DST's staging folder)
     samples: list[Sample]
     transform: Transform
@@ -108,14 +109,15 @@ def run_shards(
         node = ray.get_runtime_context().get_node_id()
         write = write.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, False))
     # Absolute paths: a task's working directory is not the driver's.
-    folder, source = os.path.abspath(job.dst), os.path.abspath(job.src)
+    folder = os.path.abspath(job.dst)
     running: dict[ray.ObjectRef, list[ray.ObjectRef]] = {}  # write task -> its preparations
 
     def submit(index: int) -> None:
         task = plan.task(index, job.samples, folder, job.layout, stop_on_error)
+        chosen = job.samples[task.start : task.start + len(task.relpaths)]
         parts = [
-            prepare.remote(source, job.transform, task.relpaths[i : i + chunk])
-            for i in range(0, len(task.relpaths), chunk)
+            prepare.remote(job.reader, job.transform, chosen[i : i + chunk])
+            for i in range(0, len(chosen), chunk)
         ]
         running[write.remote(task, *parts)] = parts
 
@@ -139,9 +141,11 @@ def run_shards(
     return None
 
 
-def _prepare(src: str, transform: Transform, relpaths: list[str]) -> list[Prepared | str]:
+def _prepare(
+    reader: SampleReader, transform: Transform, samples: list[Sample]
+) -> list[Prepared | str]:
     torch.set_num_threads(1)  # parallelism comes from the tasks
-    return prepare_files(src, transform, relpaths)
+    return prepare_samples(reader, transform, samples)
 
 
 def _write(task: ShardTask, *parts: list[Prepared | str]) -> ShardOutcome:

@@ -1,0 +1,82 @@
+"""Where a conversion's samples come from: one :class:`SampleSource` per kind of SRC,
+chosen by :func:`open_source` from what SRC is.
+
+==========  ================================================================================
+folder      an image folder (``convert.scan``'s rules): ``convert.sources.folder``
+imgpack     an imgpack dataset of any format, local or a URL (its ``imgpack.json``)
+webdataset  ``.tar`` shards made by other tools: a folder, a glob, a brace pattern, a URL
+parquet     Parquet files in the Hugging Face ``datasets`` image layout (pyarrow)
+==========  ================================================================================
+"""
+
+from __future__ import annotations
+
+import os
+
+from convert.sources.base import SampleReader, SampleSource, Stored
+from convert.sources.dataset import DatasetReader, DatasetSource
+from convert.sources.files import is_pattern
+from convert.sources.folder import FolderReader, FolderSource
+from convert.sources.parquet import ParquetSource
+from convert.sources.webdataset import TarReader, WebDatasetSource
+from readers import spec
+from readers.storage.remote import RemoteFolder, is_url, local_path
+
+__all__ = [
+    "DatasetReader",
+    "DatasetSource",
+    "FolderReader",
+    "FolderSource",
+    "ParquetSource",
+    "SampleReader",
+    "SampleSource",
+    "Stored",
+    "TarReader",
+    "WebDatasetSource",
+    "open_source",
+]
+
+
+def open_source(src: str | os.PathLike[str], label_key: str | None = None) -> SampleSource:
+    """The source SRC names (see the module docstring): ``.tar`` shards or a pattern of them
+    are WebDataset, ``.parquet`` files Parquet, a folder or URL holding ``imgpack.json`` an
+    imgpack dataset, a folder (or URL) of tars or Parquet files those, anything else an
+    image folder. Cheap: nothing is scanned until ``scan``. ``label_key`` names the label
+    field of a WebDataset or Parquet source."""
+    text = os.fspath(src)
+    kind = _kind(text)
+    if kind == "webdataset":
+        return WebDatasetSource(text, label_key)
+    if kind == "parquet":
+        return ParquetSource(text, label_key)
+    if label_key is not None:
+        raise ValueError(f"{text}: --label-key applies to WebDataset and Parquet sources only")
+    if kind == "imgpack":
+        return DatasetSource.at(text)
+    return FolderSource(local_path(text))
+
+
+def _kind(src: str) -> str:
+    """What ``src`` holds, from its name and, for a folder, its top-level listing."""
+    if src.endswith(".tar") or (is_pattern(src) and ".tar" in src):
+        return "webdataset"
+    if src.endswith(".parquet") or (is_pattern(src) and ".parquet" in src):
+        return "parquet"
+    if src.rstrip("/").endswith(spec.MANIFEST_NAME):
+        return "imgpack"
+    if is_url(src):
+        names = RemoteFolder(src).names()
+        if spec.MANIFEST_NAME in names or not names:
+            return "imgpack"  # or the reader's error: no such dataset
+    else:
+        path = local_path(src)
+        if not path.is_dir() or (path / spec.MANIFEST_NAME).is_file():
+            return "imgpack" if path.is_dir() else "folder"
+        names = os.listdir(path)
+        if "data" in names and (path / "data").is_dir():  # the Hugging Face Hub's layout
+            names += [f"data/{n}" for n in os.listdir(path / "data")]
+    if any(n.endswith(".tar") for n in names):
+        return "webdataset"
+    if any(n.endswith(".parquet") for n in names):
+        return "parquet"
+    return "imgpack" if is_url(src) else "folder"
