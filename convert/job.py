@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from convert.destination import Upload
 from convert.options import ConvertOptions
 from convert.scan import Sample, Scan
 from convert.writers import Layout
@@ -40,7 +41,7 @@ class Job:
     workers: int
     on_error: str
     progress: bool | None
-    staged: bool  # ``folder`` is on this machine only: the shards are uploaded from here
+    upload: Upload | None  # a bucket DST's: how a shard written elsewhere (a Ray node) goes up
 
     def layout(self) -> Layout:
         """What every shard's writer is told about the samples."""

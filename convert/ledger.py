@@ -67,8 +67,9 @@ class Tally:
         return ShardEntry(shard, end, source, self.errors, per_class, shapes, digests, stored)
 
 
-Publish = Callable[[spec.ShardInfo], dict[str, list[Any]]]
-"""Where a completed shard goes before it is journaled (an upload, for a bucket DST);
+Publish = Callable[[spec.ShardInfo, dict[str, list[Any]] | None], dict[str, list[Any]]]
+"""Where a completed shard goes before it is journaled (an upload, for a bucket DST), given
+what its writer recorded if it uploaded the shard itself (a Ray task: then only checked);
 returns what :attr:`ShardEntry.stored` records."""
 
 
@@ -108,7 +109,7 @@ class SequentialLedger:
     def completed(self, shard: spec.ShardInfo, end: int) -> None:
         """``shard`` is in place and ends before position ``end``: publish it (an upload,
         for a remote DST), then journal it."""
-        stored = self.publish(shard)
+        stored = self.publish(shard, None)
         entry = self._tally.entry(shard, end, self._source.hexdigest(), stored)
         self.entries.append(entry)
         self.journal.append(entry)

@@ -134,7 +134,7 @@ def convert_folder(
                 workers=workers or default_workers(),
                 on_error=on_error,
                 progress=progress,
-                staged=destination.staged,
+                upload=destination.upload,
             )
             result = _finish(job, destination, run, ledger)
     finally:

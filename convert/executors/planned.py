@@ -55,6 +55,7 @@ class ShardTask:
     """What writing one planned shard needs, passed to the task explicitly (picklable)."""
 
     folder: str  # where the shard file goes: DST itself on one machine or a shared filesystem
+    # (a bucket DST's shard goes into a temporary folder of the node that writes it)
     fmt: str
     layout: Layout
     index: int
@@ -66,11 +67,15 @@ class ShardTask:
 
 @dataclass
 class ShardOutcome:
-    """What a task did: the shard in place (None when no sample was written) and its tallies."""
+    """What a task did: the shard in place (None when no sample was written), its tallies,
+    and, if the task uploaded the shard itself, what it recorded of the objects (None: the
+    driver publishes it)."""
 
     index: int
     shard: spec.ShardInfo | None
     tally: Tally = field(default_factory=Tally)
+    stored: dict[str, list[Any]] | None = None
+    node: str = ""  # the Ray node that wrote it (and uploaded it, where ``stored`` is set)
 
 
 @dataclass(frozen=True)
@@ -189,15 +194,15 @@ class PlannedLedger:
         return sum(len(self.plan.span(i)) for i in self._done)
 
     def completed(self, outcome: ShardOutcome) -> None:
-        """Record a shard a task wrote (published, then journaled), or the errors of one
-        that wrote no file."""
+        """Record a shard a task wrote (published, or checked where the task uploaded it,
+        then journaled), or the errors of one that wrote no file."""
         for error in outcome.tally.errors:
             log.warning("skipped %s", error["error"])
         index = outcome.index
         if outcome.shard is None:  # not journaled: a resume reads its bad files again
             self._empty[index] = outcome.tally.errors
             return
-        stored = self.publish(outcome.shard)
+        stored = self.publish(outcome.shard, outcome.stored)
         end = self.plan.span(index).stop
         entry = outcome.tally.entry(outcome.shard, end, self.plan.fingerprints[index], stored)
         self._done[index] = entry

@@ -82,11 +82,15 @@ class RayExecutor:
             with job.progress_bar(ledger.kept_positions()) as bar:
                 error = ray_tasks.run_shards(
                     ray_tasks.ShardJob(
-                        job.src, job.folder, job.samples, job.options.transform, job.layout()
+                        job.src,
+                        job.folder,
+                        job.samples,
+                        job.options.transform,
+                        job.layout(),
+                        job.upload,
                     ),
                     ledger,
                     stop_on_error=job.on_error == "fail",
-                    writes_here=job.staged,
                     cpus=cpus,
                     bar=bar,
                 )
