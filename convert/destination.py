@@ -277,6 +277,7 @@ def write_manifest(
     result: ConvertResult,
     workers: int,
     source_fingerprint: str,
+    content_sha256: str,
 ) -> None:
     """Write ``imgpack.json``, last and atomically: its presence marks a complete dataset."""
     shapes = {tuple(s) for e in entries for s in e.shapes}
@@ -300,7 +301,7 @@ def write_manifest(
         recorded_samples=result.written,
         written=result.written,
         skipped=result.skipped,
-        content_sha256=spec.content_sha256(e.digests for e in entries),
+        content_sha256=content_sha256,
         source_fingerprint=source_fingerprint,
         options=json.loads(json.dumps(asdict(options))),
         converted_with={"workers": workers, "jpeg_decoder": decoder_name()},

@@ -9,7 +9,8 @@ from tqdm import tqdm
 
 from convert.destination import Upload
 from convert.options import ConvertOptions
-from convert.scan import Sample, Scan
+from convert.samples import SampleTable
+from convert.scan import Scan
 from convert.writers import Layout
 
 __all__ = ["BadInputError", "Job", "bad_input"]
@@ -36,7 +37,7 @@ class Job:
     folder: Path  # where the shards are written: DST, or a bucket DST's staging folder
     options: ConvertOptions
     scan: Scan
-    samples: list[Sample]  # shuffled when asked
+    samples: SampleTable  # shuffled when asked
     fingerprint: str  # of the sample list, which --resume checks
     workers: int
     on_error: str

@@ -34,7 +34,8 @@ from convert.journal import same_options, source_fingerprint
 from convert.ledger import Ledger
 from convert.options import ON_ERROR, ConvertOptions, ConvertResult, default_workers
 from convert.remote import RemoteDestination
-from convert.scan import Sample, Scan, scan_source
+from convert.samples import SampleTable
+from convert.scan import Scan, scan_source
 from readers import spec
 from readers.storage.remote import StorageError, is_url, local_path
 
@@ -143,7 +144,7 @@ def convert_folder(
     return result
 
 
-def _scan(src: Path, options: ConvertOptions) -> tuple[Scan, list[Sample]]:
+def _scan(src: Path, options: ConvertOptions) -> tuple[Scan, SampleTable]:
     """The source's samples, in writing order (shuffled when asked)."""
     scan = scan_source(
         src,
@@ -156,7 +157,7 @@ def _scan(src: Path, options: ConvertOptions) -> tuple[Scan, list[Sample]]:
     if options.shuffle:
         order = list(range(len(samples)))
         random.Random(options.seed).shuffle(order)
-        samples = [samples[i] for i in order]
+        samples = samples.take(order)
     return scan, samples
 
 
@@ -175,6 +176,7 @@ def _finish(job: Job, destination: Destination, run: Executor, ledger: Ledger) -
             result,
             workers,
             job.fingerprint,
+            ledger.content_sha256(),
         )
         destination.finish()  # a bucket's: the errors file and the manifest, last
     except BaseException as e:

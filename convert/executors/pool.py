@@ -23,7 +23,7 @@ import pickle
 import signal
 import tempfile
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -80,7 +80,7 @@ def _prepare_file(src: str, transform: Transform, relpath: str) -> Prepared | st
 
 
 def prepared_in_order(
-    src: Path, relpaths: list[str], transform: Transform, workers: int
+    src: Path, relpaths: Sequence[str], transform: Transform, workers: int
 ) -> Iterator[Prepared | str]:
     """Prepared samples in input order, from a process pool (or in-process for 1 worker)."""
     if workers <= 1:  # in this process, on one core as asked: torch's threads too

@@ -51,7 +51,7 @@ from convert.destination import Upload
 from convert.executors.planned import PlannedLedger, ShardOutcome, ShardTask, write_shard
 from convert.executors.pool import WorkerDiedError, prepare_files
 from convert.process import Prepared, Transform
-from convert.scan import Sample
+from convert.samples import SampleTable
 from convert.writers import Layout
 
 __all__ = ["ShardJob", "connected", "run_shards"]
@@ -92,7 +92,7 @@ class ShardJob:
 
     src: Path
     dst: Path  # the folder the write tasks write into, unless they upload
-    samples: list[Sample]
+    samples: SampleTable
     transform: Transform
     layout: Layout
     upload: Upload | None  # a bucket DST's: each write task uploads its shard from its node

@@ -1,0 +1,156 @@
+"""The converter's table of source samples, compact: what its main process holds per file
+for the whole run.
+
+A list of :class:`~convert.scan.Sample` objects costs ~200 bytes a file (the object, its
+path string, the list's pointer): 20 GB at 100 M files. :class:`SampleTable` holds the
+same in three flat buffers: every relative path's UTF-8 bytes in one blob (undecodable
+names kept with ``surrogateescape``, as ``os`` gives them), 8-byte end offsets and 4-byte
+labels, so ~12 bytes a file beside the path's own bytes. It is a ``Sequence[Sample]``:
+indexing makes the :class:`Sample` asked for, slicing and :meth:`SampleTable.take` make
+another table, so code written for a list of samples reads it unchanged.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import overload
+
+__all__ = ["Sample", "SampleTable"]
+
+_ENCODING = ("utf-8", "surrogateescape")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One source image: its path relative to SRC and its class index (made on demand from
+    a :class:`SampleTable`, which holds them)."""
+
+    relpath: str
+    label: int
+
+
+class SampleTable(Sequence[Sample]):
+    """Relative paths and labels of the source's samples, in order (see the module
+    docstring); :meth:`append` adds one, as a scan finds it."""
+
+    def __init__(self) -> None:
+        self._blob = bytearray()
+        self._ends = array("q")  # end of sample i's path in the blob
+        self._labels = array("i")
+
+    @classmethod
+    def of(cls, samples: Iterable[Sample]) -> SampleTable:
+        table = cls()
+        for sample in samples:
+            table.append(sample.relpath, sample.label)
+        return table
+
+    def append(self, relpath: str, label: int) -> None:
+        self._blob += relpath.encode(*_ENCODING)
+        self._ends.append(len(self._blob))
+        self._labels.append(label)
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    @overload
+    def __getitem__(self, index: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> SampleTable: ...
+
+    def __getitem__(self, index: int | slice) -> Sample | SampleTable:
+        if isinstance(index, slice):
+            return self._slice(range(len(self))[index])
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} of {len(self)}")
+        return Sample(self.relpath(index), self._labels[index])
+
+    def __iter__(self) -> Iterator[Sample]:
+        blob, labels = self._blob, self._labels
+        start = 0
+        for i, end in enumerate(self._ends):
+            yield Sample(blob[start:end].decode(*_ENCODING), labels[i])
+            start = end
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SampleTable):
+            return (self._blob, self._ends, self._labels) == (
+                other._blob,
+                other._ends,
+                other._labels,
+            )
+        if isinstance(other, Sequence):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a list
+
+    def __repr__(self) -> str:
+        return f"SampleTable({len(self)} samples)"
+
+    def relpath(self, index: int) -> str:
+        """The relative path of sample ``index`` (no bounds check beyond the arrays')."""
+        start = self._ends[index - 1] if index > 0 else 0
+        return self._blob[start : self._ends[index]].decode(*_ENCODING)
+
+    def take(self, indices: Iterable[int]) -> SampleTable:
+        """A new table of the samples at ``indices``, in that order (a shuffle, a slice)."""
+        table = SampleTable()
+        blob, ends, labels = self._blob, self._ends, self._labels
+        out_blob, out_ends, out_labels = table._blob, table._ends, table._labels
+        for i in indices:
+            start = ends[i - 1] if i > 0 else 0
+            out_blob += blob[start : ends[i]]
+            out_ends.append(len(out_blob))
+            out_labels.append(labels[i])
+        return table
+
+    def _slice(self, chosen: range) -> SampleTable:
+        """``take(chosen)``, by copying buffers where the range is contiguous."""
+        if chosen.step != 1 or not chosen:
+            return self.take(chosen)
+        table = SampleTable()
+        base = self._ends[chosen.start - 1] if chosen.start > 0 else 0
+        table._blob += self._blob[base : self._ends[chosen.stop - 1]]
+        table._ends = array("q", (end - base for end in self._ends[chosen.start : chosen.stop]))
+        table._labels = self._labels[chosen.start : chosen.stop]
+        return table
+
+    @property
+    def relpaths(self) -> Sequence[str]:
+        """The relative paths, as a read-only view (decoded when read)."""
+        return _Relpaths(self)
+
+    def nbytes(self) -> int:
+        """Bytes the table's buffers hold (beside a small constant)."""
+        return len(self._blob) + self._ends.itemsize * len(self._ends) + 4 * len(self._labels)
+
+
+class _Relpaths(Sequence[str]):
+    """:attr:`SampleTable.relpaths`: the paths without making a list of them."""
+
+    def __init__(self, table: SampleTable) -> None:
+        self._table = table
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self._table.relpath(i) for i in range(len(self))[index]]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"path {index} of {len(self)}")
+        return self._table.relpath(index)
