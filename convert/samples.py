@@ -121,10 +121,10 @@ class SampleTable(Sequence[Sample]):
         table._labels = self._labels[chosen.start : chosen.stop]
         return table
 
-    @property
-    def relpaths(self) -> Sequence[str]:
-        """The relative paths, as a read-only view (decoded when read)."""
-        return _Relpaths(self)
+    def relpaths(self, start: int = 0) -> Sequence[str]:
+        """The relative paths from sample ``start`` on, as a read-only view (each decoded
+        when read: no list of them is made)."""
+        return _Relpaths(self, start)
 
     def nbytes(self) -> int:
         """Bytes the table's buffers hold (beside a small constant)."""
@@ -132,13 +132,14 @@ class SampleTable(Sequence[Sample]):
 
 
 class _Relpaths(Sequence[str]):
-    """:attr:`SampleTable.relpaths`: the paths without making a list of them."""
+    """:meth:`SampleTable.relpaths`: the paths without making a list of them."""
 
-    def __init__(self, table: SampleTable) -> None:
+    def __init__(self, table: SampleTable, start: int) -> None:
         self._table = table
+        self._start = min(max(start, 0), len(table))
 
     def __len__(self) -> int:
-        return len(self._table)
+        return len(self._table) - self._start
 
     @overload
     def __getitem__(self, index: int) -> str: ...
@@ -148,9 +149,9 @@ class _Relpaths(Sequence[str]):
 
     def __getitem__(self, index: int | slice) -> str | list[str]:
         if isinstance(index, slice):
-            return [self._table.relpath(i) for i in range(len(self))[index]]
+            return [self._table.relpath(self._start + i) for i in range(len(self))[index]]
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError(f"path {index} of {len(self)}")
-        return self._table.relpath(index)
+        return self._table.relpath(self._start + index)

@@ -37,8 +37,10 @@ def test_a_table_reads_as_the_list_of_its_samples() -> None:
     for chosen in (slice(2, 5), slice(None, None, 2), slice(4, 1, -1), slice(3, 3), slice(9, 12)):
         assert list(table[chosen]) == samples[chosen], chosen
         assert isinstance(table[chosen], SampleTable)
-    assert list(table.relpaths) == NAMES and table.relpaths[1:3] == NAMES[1:3]
-    assert table.relpaths[-1] == NAMES[-1]
+    assert list(table.relpaths()) == NAMES and table.relpaths()[1:3] == NAMES[1:3]
+    assert table.relpaths()[-1] == NAMES[-1]
+    assert list(table.relpaths(2)) == NAMES[2:] and table.relpaths(2)[1:3] == NAMES[3:5]
+    assert table.relpaths(2)[0] == NAMES[2] and len(table.relpaths(99)) == 0
     order = list(range(len(samples)))
     random.Random(7).shuffle(order)
     assert list(table.take(order)) == [samples[i] for i in order]
@@ -46,7 +48,7 @@ def test_a_table_reads_as_the_list_of_its_samples() -> None:
         with pytest.raises(IndexError):
             table[bad]
         with pytest.raises(IndexError):
-            table.relpaths[bad]
+            table.relpaths()[bad]
     assert table[2].relpath.encode("utf-8", "surrogateescape") == b"raw/\xff\xfe.jpg"
 
 

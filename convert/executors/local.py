@@ -81,10 +81,11 @@ def _write_samples(job: Job, ledger: SequentialLedger, output: ShardedOutput) ->
     """The loop: each prepared sample, in order, into the output or the error list."""
     start = ledger.start
     bar = job.progress_bar(start)
-    todo = job.samples[start:]
-    stream = prepared_in_order(job.src, todo.relpaths, job.options.transform, job.workers)
+    positions = range(start, len(job.samples))
+    todo = map(job.samples.__getitem__, positions)  # made one at a time, not copied
+    relpaths = job.samples.relpaths(start)
+    stream = prepared_in_order(job.src, relpaths, job.options.transform, job.workers)
     with bar, contextlib.closing(stream):
-        positions = range(start, len(job.samples))
         for position, sample, prepared in zip(positions, todo, stream, strict=True):
             bar.update()
             if isinstance(prepared, str):
