@@ -29,6 +29,7 @@ from convert.destination import (
     write_manifest,
 )
 from convert.executors import EXECUTORS, Executor, check_executor
+from convert.file_list import scan_file_list
 from convert.job import Job, bad_input
 from convert.journal import same_options, source_fingerprint
 from convert.ledger import Ledger
@@ -146,13 +147,16 @@ def convert_folder(
 
 def _scan(src: Path, options: ConvertOptions) -> tuple[Scan, SampleTable]:
     """The source's samples, in writing order (shuffled when asked)."""
-    scan = scan_source(
-        src,
-        include_hidden=options.include_hidden,
-        classes=options.classes,
-        labels_file=Path(options.labels_file) if options.labels_file else None,
-        unlabeled=options.unlabeled,
-    )
+    if options.file_list:
+        scan = scan_file_list(src, Path(options.file_list), options.classes)
+    else:
+        scan = scan_source(
+            src,
+            include_hidden=options.include_hidden,
+            classes=options.classes,
+            labels_file=Path(options.labels_file) if options.labels_file else None,
+            unlabeled=options.unlabeled,
+        )
     samples = scan.samples
     if options.shuffle:
         order = list(range(len(samples)))

@@ -98,6 +98,10 @@ class SampleTable(Sequence[Sample]):
         start = self._ends[index - 1] if index > 0 else 0
         return self._blob[start : self._ends[index]].decode(*_ENCODING)
 
+    def relabel(self, new_of_old: Sequence[int]) -> None:
+        """Replace every label ``k`` by ``new_of_old[k]`` (in place)."""
+        self._labels = array("i", (new_of_old[k] for k in self._labels))
+
     def take(self, indices: Iterable[int]) -> SampleTable:
         """A new table of the samples at ``indices``, in that order (a shuffle, a slice)."""
         table = SampleTable()

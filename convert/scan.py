@@ -30,6 +30,7 @@ from convert.samples import Sample, SampleTable
 from readers.spec import UNLABELED
 
 __all__ = [
+    "HEADER_NAMES",
     "IMG_EXTENSIONS",
     "Sample",
     "Scan",
@@ -182,7 +183,7 @@ def scan_source(
     return scan
 
 
-_HEADER_NAMES = frozenset({"path", "relative_path", "relpath", "file", "filename", "image"})
+HEADER_NAMES = frozenset({"path", "relative_path", "relpath", "file", "filename", "image"})
 
 
 def read_labels(path: Path) -> dict[str, str]:
@@ -199,7 +200,7 @@ def read_labels(path: Path) -> dict[str, str]:
     for number, row in enumerate(csv.reader(lines, delimiter=delimiter), 1):
         if not row or not any(field.strip() for field in row):
             continue
-        if number == 1 and row[0].strip().lower() in _HEADER_NAMES:
+        if number == 1 and row[0].strip().lower() in HEADER_NAMES:
             continue
         if len(row) != 2 or not row[0].strip() or not row[1].strip():
             raise ValueError(f"{path}:{number}: expected relative_path{delimiter}label_name")
