@@ -121,11 +121,7 @@ def convert_folder(
         if resume and destination.is_complete():
             result = _already_complete(destination, header)
         else:
-            journal = destination.journal
-            kept = run.resumable(journal, header, destination.verifies) if resume else []
-            destination.keep_only(kept)
-            journal.start(header, kept)
-            ledger = run.start(journal, kept, destination.publish)
+            ledger = _start(run, destination, header, resume)
             job = Job(
                 src=src,
                 folder=destination.folder,
@@ -145,6 +141,17 @@ def convert_folder(
     return result
 
 
+def _start(run: Executor, destination: Destination, header: dict[str, Any], resume: bool) -> Ledger:
+    """The run's ledger, from the shards of an interrupted run that it keeps (``resume``),
+    the journal started. The kept entries, with their 32 bytes a sample, are the ledger's
+    to fold and drop: none stays referenced here for the rest of the run."""
+    journal = destination.journal
+    kept = run.resumable(journal, header, destination.verifies) if resume else []
+    destination.keep_only(kept)
+    journal.start(header, kept)
+    return run.start(journal, kept, destination.publish)
+
+
 def _scan(src: Path, options: ConvertOptions) -> tuple[Scan, SampleTable]:
     """The source's samples, in writing order (shuffled when asked)."""
     if options.file_list:
@@ -161,7 +168,7 @@ def _scan(src: Path, options: ConvertOptions) -> tuple[Scan, SampleTable]:
     if options.shuffle:
         order = list(range(len(samples)))
         random.Random(options.seed).shuffle(order)
-        samples = samples.take(order)
+        samples = scan.samples = samples.take(order)  # one table held, not two
     return scan, samples
 
 
