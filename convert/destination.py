@@ -17,7 +17,7 @@ import json
 import logging
 import shutil
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +34,7 @@ __all__ = [
     "ERRORS_NAME",
     "Destination",
     "LocalDestination",
+    "Upload",
     "claim_destination",
     "delete_written",
     "disk_full",
@@ -51,6 +52,11 @@ ERRORS_NAME = "errors.jsonl"
 
 log = logging.getLogger(__name__)
 
+Upload = Callable[[Path, spec.ShardInfo], dict[str, list[Any]]]
+"""Puts a completed shard and its sidecars, lying in a local folder, where they belong (a
+bucket) and frees their space there; returns what :attr:`ShardEntry.stored` records. A
+picklable object, so that the Ray task that wrote a shard uploads it from its own node."""
+
 
 class Destination(Protocol):
     """Where a conversion's dataset goes, a local folder or a bucket's: the pipeline writes
@@ -61,6 +67,7 @@ class Destination(Protocol):
     folder: Path  # where shards are written: DST itself, or a bucket DST's staging folder
     journal: JournalStore
     staged: bool  # True: ``folder`` is on this machine only, and shards go up from it
+    upload: Upload | None  # how a shard written in another folder goes up (None: no bucket)
 
     @property
     def dst(self) -> Path | str:
@@ -88,9 +95,12 @@ class Destination(Protocol):
         """Delete what an earlier run wrote at DST, except the ``kept`` shards."""
         ...
 
-    def publish(self, shard: spec.ShardInfo) -> dict[str, list[Any]]:
-        """Put a completed shard in ``folder`` where it belongs, before it is journaled;
-        returns what :attr:`ShardEntry.stored` records."""
+    def publish(
+        self, shard: spec.ShardInfo, uploaded: dict[str, list[Any]] | None
+    ) -> dict[str, list[Any]]:
+        """Put a completed shard in ``folder`` where it belongs, before it is journaled, or,
+        where its writer uploaded it (``uploaded``: what it recorded), check that it is
+        there; returns what :attr:`ShardEntry.stored` records."""
         ...
 
     def finish(self) -> None:
@@ -111,6 +121,7 @@ class LocalDestination:
     place in it and the journal is a file there (:class:`~convert.journal.Journal`)."""
 
     staged = False
+    upload = None  # every shard is renamed into place in DST
 
     def __init__(self, dst: Path) -> None:
         self.dst = self.folder = dst
@@ -136,7 +147,9 @@ class LocalDestination:
     def keep_only(self, kept: Sequence[ShardEntry]) -> None:
         delete_written(self.folder, keep=kept_files(kept))
 
-    def publish(self, shard: spec.ShardInfo) -> dict[str, list[Any]]:
+    def publish(
+        self, shard: spec.ShardInfo, uploaded: dict[str, list[Any]] | None
+    ) -> dict[str, list[Any]]:
         return {}  # renamed into place already
 
     def finish(self) -> None:
@@ -275,6 +288,7 @@ def write_manifest(
     result: ConvertResult,
     workers: int,
     source_fingerprint: str,
+    content_sha256: str,
     source: dict[str, Any] | None = None,
 ) -> None:
     """Write ``imgpack.json``, last and atomically: its presence marks a complete dataset;
@@ -302,7 +316,7 @@ def write_manifest(
         recorded_samples=result.written,
         written=result.written,
         skipped=result.skipped,
-        content_sha256=spec.content_sha256(e.digests for e in entries),
+        content_sha256=content_sha256,
         source_fingerprint=source_fingerprint,
         options=json.loads(json.dumps(asdict(options))),
         converted_with={"workers": workers, "jpeg_decoder": decoder_name(crop=resizes)},

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from convert.destination import Upload
 from convert.options import ConvertOptions
-from convert.scan import Sample, Scan
+from convert.samples import SampleTable
+from convert.scan import Scan
 from convert.sources import SampleReader, SampleSource
 from convert.writers import Layout
 
@@ -36,12 +38,12 @@ class Job:
     folder: Path  # where the shards are written: DST, or a bucket DST's staging folder
     options: ConvertOptions
     scan: Scan
-    samples: list[Sample]  # shuffled when asked
+    samples: SampleTable  # shuffled when asked
     fingerprint: str  # of the sample list, which --resume checks
     workers: int
     on_error: str
     progress: bool | None
-    staged: bool  # ``folder`` is on this machine only: the shards are uploaded from here
+    upload: Upload | None  # a bucket DST's: how a shard written elsewhere (a Ray node) goes up
 
     @property
     def reader(self) -> SampleReader:

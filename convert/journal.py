@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from convert.scan import Sample
+from convert.samples import Sample
 from convert.writers.base import file_sha256
 from readers import spec
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from convert.journal import JournalStore, ShardEntry, fold_sample
-from convert.scan import Sample
+from convert.samples import Sample
 from convert.writers import Record
 from readers import spec
 
-__all__ = ["Ledger", "Publish", "SequentialLedger", "Tally"]
+__all__ = ["ContentDigest", "Ledger", "Publish", "SequentialLedger", "Tally"]
 
 
 class Ledger(Protocol):
@@ -41,6 +41,35 @@ class Ledger(Protocol):
     def written_samples(self) -> int:
         """Samples in the completed shards, kept ones included."""
         ...
+
+    def content_sha256(self) -> str:
+        """The manifest's ``content_sha256`` of the completed shards (all of them, done)."""
+        ...
+
+
+class ContentDigest:
+    """The manifest's ``content_sha256`` (``spec.content_sha256``: SHA-256 over every
+    sample's digest, in sample order), folded as shards complete: a shard's per-sample
+    digests are added once every shard before it is, then dropped, so that the main process
+    keeps none of the 32 bytes a sample for long. Shards are numbered in sample order; one
+    that completes early waits, with its digests, for those before it."""
+
+    def __init__(self) -> None:
+        self._total = hashlib.sha256()
+        self._next = 0  # the shard folded next
+        self._waiting: dict[int, bytes] = {}
+
+    def fold(self, index: int, digests: bytes) -> None:
+        """Shard ``index`` completed with these per-sample digests (b"": it holds none)."""
+        self._waiting[index] = digests
+        while self._next in self._waiting:
+            self._total.update(self._waiting.pop(self._next))
+            self._next += 1
+
+    def hexdigest(self) -> str:
+        if self._waiting:
+            raise RuntimeError(f"shard {self._next} never completed: no content checksum")
+        return self._total.hexdigest()
 
 
 @dataclass
@@ -67,8 +96,9 @@ class Tally:
         return ShardEntry(shard, end, source, self.errors, per_class, shapes, digests, stored)
 
 
-Publish = Callable[[spec.ShardInfo], dict[str, list[Any]]]
-"""Where a completed shard goes before it is journaled (an upload, for a bucket DST);
+Publish = Callable[[spec.ShardInfo, dict[str, list[Any]] | None], dict[str, list[Any]]]
+"""Where a completed shard goes before it is journaled (an upload, for a bucket DST), given
+what its writer recorded if it uploaded the shard itself (a Ray task: then only checked);
 returns what :attr:`ShardEntry.stored` records."""
 
 
@@ -82,12 +112,15 @@ class SequentialLedger:
         self,
         journal: JournalStore,
         kept: list[ShardEntry],
-        samples: list[Sample],
+        samples: Sequence[Sample],
         publish: Publish,
     ) -> None:
         self.journal = journal
         self.publish = publish  # where a completed shard goes before it is journaled
-        self.entries = list(kept)
+        self._content = ContentDigest()
+        self.entries: list[ShardEntry] = []
+        for entry in kept:
+            self._keep(entry)
         self.start = kept[-1].end if kept else 0  # the position where this run starts
         self.kept_samples = sum(e.shard.samples for e in kept)
         self.written_samples = self.kept_samples  # the next sample's key
@@ -108,11 +141,20 @@ class SequentialLedger:
     def completed(self, shard: spec.ShardInfo, end: int) -> None:
         """``shard`` is in place and ends before position ``end``: publish it (an upload,
         for a remote DST), then journal it."""
-        stored = self.publish(shard)
+        stored = self.publish(shard, None)
         entry = self._tally.entry(shard, end, self._source.hexdigest(), stored)
-        self.entries.append(entry)
         self.journal.append(entry)
+        self._keep(entry)
         self._tally = Tally()
+
+    def _keep(self, entry: ShardEntry) -> None:
+        """Add a completed shard: its digests to the content checksum, the rest to
+        ``entries``."""
+        self._content.fold(len(self.entries), entry.digests)
+        self.entries.append(replace(entry, digests=b""))
+
+    def content_sha256(self) -> str:
+        return self._content.hexdigest()
 
     @property
     def errors(self) -> list[dict[str, str]]:

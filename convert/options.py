@@ -51,6 +51,7 @@ class ConvertOptions:
     labels_file: str | None = None  # CSV/TSV of relative_path,label_name instead of folders
     unlabeled: bool = False  # every image, label spec.UNLABELED
     label_key: str | None = None  # a WebDataset or Parquet source's label field
+    file_list: str | None = None  # the files to convert, listed (with labels): no walk of SRC
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option and the fix."""
@@ -71,6 +72,11 @@ class ConvertOptions:
             raise ValueError(f"quality must be between 1 and 100, not {self.quality}")
         if self.unlabeled and (self.labels_file or self.classes):
             raise ValueError("--unlabeled excludes --labels, --classes and --classes-from")
+        if self.file_list and (self.labels_file or self.unlabeled):
+            raise ValueError(
+                "--file-list names the files and their labels (a row without one is "
+                "unlabelled): drop --labels and --unlabeled"
+            )
         if self.center_crop and self.resize and self.center_crop > self.resize:
             raise ValueError(
                 f"--center-crop {self.center_crop} is larger than --resize {self.resize}: the "

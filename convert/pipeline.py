@@ -36,7 +36,8 @@ from convert.journal import same_options, source_fingerprint
 from convert.ledger import Ledger
 from convert.options import ON_ERROR, ConvertOptions, ConvertResult, default_workers
 from convert.remote import RemoteDestination
-from convert.scan import Sample, Scan
+from convert.samples import SampleTable
+from convert.scan import Scan
 from convert.sources import SampleSource, open_source
 from readers import spec
 from readers.storage.remote import StorageError, is_url, local_path
@@ -127,11 +128,7 @@ def convert_folder(
         if resume and destination.is_complete():
             result = _already_complete(destination, header)
         else:
-            journal = destination.journal
-            kept = run.resumable(journal, header, destination.verifies) if resume else []
-            destination.keep_only(kept)
-            journal.start(header, kept)
-            ledger = run.start(journal, kept, destination.publish)
+            ledger = _start(run, destination, header, resume)
             job = Job(
                 source=source,
                 folder=destination.folder,
@@ -142,7 +139,7 @@ def convert_folder(
                 workers=workers or default_workers(),
                 on_error=on_error,
                 progress=progress,
-                staged=destination.staged,
+                upload=destination.upload,
             )
             result = _finish(job, destination, run, ledger)
     finally:
@@ -151,14 +148,25 @@ def convert_folder(
     return result
 
 
-def _scan(source: SampleSource, options: ConvertOptions) -> tuple[Scan, list[Sample]]:
+def _start(run: Executor, destination: Destination, header: dict[str, Any], resume: bool) -> Ledger:
+    """The run's ledger, from the shards of an interrupted run that it keeps (``resume``),
+    the journal started. The kept entries, with their 32 bytes a sample, are the ledger's
+    to fold and drop: none stays referenced here for the rest of the run."""
+    journal = destination.journal
+    kept = run.resumable(journal, header, destination.verifies) if resume else []
+    destination.keep_only(kept)
+    journal.start(header, kept)
+    return run.start(journal, kept, destination.publish)
+
+
+def _scan(source: SampleSource, options: ConvertOptions) -> tuple[Scan, SampleTable]:
     """The source's samples, in writing order (shuffled when asked)."""
     scan = source.scan(options)
     samples = scan.samples
     if options.shuffle:
         order = list(range(len(samples)))
         random.Random(options.seed).shuffle(order)
-        samples = [samples[i] for i in order]
+        samples = scan.samples = samples.take(order)  # one table held, not two
     return scan, samples
 
 
@@ -177,6 +185,7 @@ def _finish(job: Job, destination: Destination, run: Executor, ledger: Ledger) -
             result,
             workers,
             job.fingerprint,
+            ledger.content_sha256(),
             job.source.record(),
         )
         destination.finish()  # a bucket's: the errors file and the manifest, last

@@ -5,8 +5,9 @@ be one this run may write (empty, or ``--resume``/``--overwrite``), and a local 
 folder is locked. Shards are written into the staging folder exactly as into a local DST
 (renamed into place when complete); each completed shard with its sidecars is uploaded,
 then deleted locally, *before* the journal records it: a shard the journal names is in the
-bucket, whole. ``errors.jsonl`` and then ``imgpack.json`` go up last, so a reader never
-sees a partial dataset. Staging therefore holds about one shard.
+bucket, whole. (A Ray task that writes a shard uploads it itself, the same way, from its
+own node: :class:`ShardUploader`.) ``errors.jsonl`` and then ``imgpack.json`` go up last,
+so a reader never sees a partial dataset. Staging therefore holds about one shard.
 
 The journal lives in the bucket beside the shards (:class:`RemoteJournal`): a header object
 written when the run starts and one object per completed shard, written after its upload.
@@ -24,6 +25,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +48,9 @@ from convert.lock import DestinationLock
 from readers import spec
 from readers.manifest import Manifest, load_manifest
 from readers.storage.cache import ShardCache
-from readers.storage.remote import RemoteFolder
+from readers.storage.remote import RemoteFolder, StorageError
 
-__all__ = ["RemoteDestination", "RemoteJournal"]
+__all__ = ["RemoteDestination", "RemoteJournal", "ShardUploader"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,29 @@ class RemoteJournal:
         return [n for n in self.folder.names() if n.startswith(ENTRY_PREFIX)]
 
 
+@dataclass(frozen=True)
+class ShardUploader:
+    """Uploads a completed shard and its sidecars from a local folder into the bucket
+    folder, deleting each local file once it is up: a :data:`~convert.destination.Upload`.
+    Picklable (the folder's URL and storage options): the task that wrote a shard on a
+    Ray node uploads it from there, with that node's credentials and these options."""
+
+    remote: RemoteFolder
+
+    def __call__(self, folder: Path, shard: spec.ShardInfo) -> dict[str, list[Any]]:
+        """Upload ``shard``'s files from ``folder``; returns each object's size and the
+        store's checksum, for the journal."""
+        stored: dict[str, list[Any]] = {}
+        for name in shard_files(shard):
+            self.remote.upload(folder / name, name)
+            (folder / name).unlink()
+            stat = self.remote.stat(name)
+            if stat is None:
+                raise FileNotFoundError(f"{self.remote.url_of(name)}: missing just after upload")
+            stored[name] = list(stat)
+        return stored
+
+
 class RemoteDestination:
     """The bucket folder a conversion writes, its journal, and the local folder it stages
     in: a :class:`~convert.destination.Destination`."""
@@ -110,6 +135,7 @@ class RemoteDestination:
     ) -> None:
         self.remote = RemoteFolder(url, storage_options)
         self.journal = RemoteJournal(self.remote)
+        self.upload = ShardUploader(self.remote)
         default = ShardCache().folder_for("staging", self.remote.url)
         self.folder = Path(staging or default).absolute()
         self._lock = DestinationLock(self.folder, shown_as=self.remote.url)
@@ -157,27 +183,41 @@ class RemoteDestination:
             self.remote.delete([spec.MANIFEST_NAME])
         self.remote.delete([n for n in doomed if n != spec.MANIFEST_NAME])
 
-    def publish(self, shard: spec.ShardInfo) -> dict[str, list[Any]]:
-        """Upload a completed shard and its sidecars, then free their staging space;
-        returns each object's size and checksum in the store, for the journal."""
-        stored: dict[str, list[Any]] = {}
-        for name in shard_files(shard):
-            self.remote.upload(self.folder / name, name)
-            (self.folder / name).unlink()
-            stat = self.remote.stat(name)
-            if stat is None:
-                raise FileNotFoundError(f"{self.remote.url_of(name)}: missing just after upload")
-            stored[name] = list(stat)
-        return stored
+    def publish(
+        self, shard: spec.ShardInfo, uploaded: dict[str, list[Any]] | None
+    ) -> dict[str, list[Any]]:
+        """Upload a completed shard and its sidecars from the staging folder, then free
+        their space there; returns each object's size and checksum in the store. A shard
+        that a Ray task ``uploaded`` from its node is looked at instead (a HEAD request a
+        file): this process must see every object as the task recorded it, or the nodes
+        write into another store than the journal's (another endpoint)."""
+        if uploaded is None:
+            return self.upload(self.folder, shard)
+        differing = self._differing(shard, uploaded)
+        if differing is not None:
+            url, found = self.remote.url_of(differing), self.remote.stat(differing)
+            raise StorageError(
+                f"{url}: a Ray task uploaded it ({uploaded.get(differing)}: size, checksum) "
+                f"but this process finds {list(found) if found else 'no such object'}: the "
+                "Ray nodes must reach the bucket at the endpoint this process uses "
+                "(AWS_ENDPOINT_URL, storage options)",
+                url=url,
+                cause="uploaded elsewhere",
+            )
+        return uploaded
 
     def verifies(self, entry: ShardEntry) -> bool:
         """A journaled shard is still in the bucket as uploaded: every object at its
         recorded size and store checksum (re-hashing would download it)."""
-        recorded = entry.stored
-        return all(
-            name in recorded and self.remote.stat(name) == tuple(recorded[name])
-            for name in shard_files(entry.shard)
-        )
+        return self._differing(entry.shard, entry.stored) is None
+
+    def _differing(self, shard: spec.ShardInfo, recorded: dict[str, list[Any]]) -> str | None:
+        """The first of ``shard``'s files that is not in the bucket at the ``recorded``
+        size and store checksum, or None."""
+        for name in shard_files(shard):
+            if name not in recorded or self.remote.stat(name) != tuple(recorded[name]):
+                return name
+        return None
 
     def finish(self) -> None:
         """Upload the errors file and then the manifest, which marks the dataset complete."""

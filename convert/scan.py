@@ -26,9 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from convert.samples import Sample, SampleTable
 from readers.spec import UNLABELED
 
 __all__ = [
+    "HEADER_NAMES",
     "IMG_EXTENSIONS",
     "Sample",
     "Scan",
@@ -41,24 +43,13 @@ __all__ = [
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One source image: its path relative to SRC, its class index and, for a dataset
-    source, its position there (slots: the main process holds one per image for the whole
-    run, ~56 bytes each beside the path)."""
-
-    relpath: str
-    label: int
-    index: int | None = None  # the sample's index in a source dataset; None: a file
-
-
 @dataclass
 class Scan:
     """What a scan found: the classes, the samples in order, and what it had to pass over
     (``{"path": relpath, "error": reason}``, as ``errors.jsonl`` lists them)."""
 
     classes: list[str]
-    samples: list[Sample]
+    samples: SampleTable
     problems: list[dict[str, str]] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)  # relative paths skipped as hidden
     empty_classes: list[str] = field(default_factory=list)  # listed, but no folder
@@ -102,7 +93,7 @@ def scan_folder(
                 f"{f'; also {len(unknown) - 1} more' if len(unknown) > 1 else ''}): add it to the "
                 "list or move it out of SRC"
             )
-    scan = Scan(list(classes) if classes is not None else folders, [])
+    scan = Scan(list(classes) if classes is not None else folders, SampleTable())
     for entry in sorted(os.scandir(src), key=lambda e: e.name):
         if _hidden(entry.name) and not include_hidden:
             scan.hidden.append(entry.name)
@@ -128,7 +119,7 @@ def scan_folder(
                 if problem:
                     scan.problems.append({"path": os.path.relpath(path, src), "error": problem})
                 else:
-                    scan.samples.append(Sample(os.path.relpath(path, src), label))
+                    scan.samples.append(os.path.relpath(path, src), label)
     if not scan.samples:
         raise FileNotFoundError(
             f"{src}: no images found (extensions: {', '.join(IMG_EXTENSIONS)})"
@@ -152,7 +143,7 @@ def scan_source(
         return scan_folder(src, include_hidden, classes)
     if not src.is_dir():
         raise FileNotFoundError(f"{src}: source folder does not exist or is not a folder")
-    scan = Scan([], [])
+    scan = Scan([], SampleTable())
     listing: list[tuple[str, list[str]]] = []
     above = _chain(os.path.dirname(os.path.realpath(src)))
     _walk(src, str(src), above, listing, scan, include_hidden)
@@ -162,7 +153,8 @@ def scan_source(
         for f in sorted(names)
     ]
     if unlabeled:
-        scan.samples = [Sample(rel, UNLABELED) for rel in found]
+        for rel in found:
+            scan.samples.append(rel, UNLABELED)
     elif labels_file is not None:
         labels = read_labels(labels_file)
         names = list(classes) if classes is not None else sorted(set(labels.values()))
@@ -173,26 +165,26 @@ def scan_source(
         index = {name: i for i, name in enumerate(names)}
         for rel in found:
             if rel in labels:
-                scan.samples.append(Sample(rel, index[labels.pop(rel)]))
+                scan.samples.append(rel, index[labels.pop(rel)])
             else:
                 scan.problems.append({"path": rel, "error": f"not in {labels_file.name}: ignored"})
         scan.problems += [
             {"path": rel, "error": f"listed in {labels_file.name} but not found"} for rel in labels
         ]
-    usable = []
+    usable = SampleTable()
     for sample in scan.samples:
         problem = _not_a_file(os.path.join(src, sample.relpath))
         if problem:
             scan.problems.append({"path": sample.relpath, "error": problem})
         else:
-            usable.append(sample)
+            usable.append(sample.relpath, sample.label)
     scan.samples = usable
     if not scan.samples:
         raise FileNotFoundError(f"{src}: no images found (extensions: {', '.join(IMG_EXTENSIONS)})")
     return scan
 
 
-_HEADER_NAMES = frozenset({"path", "relative_path", "relpath", "file", "filename", "image"})
+HEADER_NAMES = frozenset({"path", "relative_path", "relpath", "file", "filename", "image"})
 
 
 def read_labels(path: Path) -> dict[str, str]:
@@ -209,7 +201,7 @@ def read_labels(path: Path) -> dict[str, str]:
     for number, row in enumerate(csv.reader(lines, delimiter=delimiter), 1):
         if not row or not any(field.strip() for field in row):
             continue
-        if number == 1 and row[0].strip().lower() in _HEADER_NAMES:
+        if number == 1 and row[0].strip().lower() in HEADER_NAMES:
             continue
         if len(row) != 2 or not row[0].strip() or not row[1].strip():
             raise ValueError(f"{path}:{number}: expected relative_path{delimiter}label_name")

@@ -75,20 +75,28 @@ class S3Server:
             self.process.terminate()
             self.process.wait(timeout=10)
 
-    def enforce_permissions(self, users: dict[str, list[str]]) -> dict[str, dict[str, str]]:
-        """Create an IAM user allowed exactly the S3 actions listed for each name, then make
-        the server authenticate and authorize every request from now on (moto's
-        ``/moto-api/reset-auth``); the dummy credentials stop working. Returns each user's
-        ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``."""
+    def enforce_permissions(
+        self, users: dict[str, list[str] | dict[str, list[str]]]
+    ) -> dict[str, dict[str, str]]:
+        """Create an IAM user allowed exactly the S3 actions listed for each name (a list:
+        on every resource; a dict: each action on the resource ARNs it maps to, such as
+        ``arn:aws:s3:::bucket/prefix/shard-*``), then make the server authenticate and
+        authorize every request from now on (moto's ``/moto-api/reset-auth``); the dummy
+        credentials stop working. Returns each user's ``AWS_ACCESS_KEY_ID``/
+        ``AWS_SECRET_ACCESS_KEY``."""
         import boto3  # installed with moto
 
         iam = boto3.client("iam", endpoint_url=self.endpoint)
         keys = {}
         for name, actions in users.items():
             iam.create_user(UserName=name)
-            if actions:
-                statement = {"Effect": "Allow", "Action": actions, "Resource": "*"}
-                policy = {"Version": "2012-10-17", "Statement": [statement]}
+            grants = actions if isinstance(actions, dict) else {a: ["*"] for a in actions}
+            if grants:
+                statements = [
+                    {"Effect": "Allow", "Action": action, "Resource": resources}
+                    for action, resources in grants.items()
+                ]
+                policy = {"Version": "2012-10-17", "Statement": statements}
                 iam.put_user_policy(
                     UserName=name, PolicyName="only", PolicyDocument=json.dumps(policy)
                 )

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ import readers
 from convert import BadInputError, ConvertOptions, convert_folder
 from convert.executors import RAY_HINT
 from readers import spec
-from scripts.s3_server import local_s3_server
+from scripts.s3_server import S3Server, local_s3_server
 from tests.conftest import SAMPLE_DATA
 from tests.photos import photo_folder
 
@@ -35,10 +36,20 @@ OPTIONS = {"encoding": "jpeg", "resize": 80, "exact_resize": True, "shard_size":
 BAD = "people/astronaut_01.jpg"  # made bad in a copy of sample_data
 PHOTOS = 480  # the generated source for the kill tests
 PHOTO_OPTIONS = {"encoding": "jpeg", "resize": 128, "shard_size": 10}
+BUCKET = "imgpack-ray"
 
 
 @pytest.fixture(scope="module")
-def ray_address() -> str:
+def s3_server() -> Iterator[S3Server]:
+    """The loopback S3 server of the module's object-store tests, started before Ray: the
+    write tasks upload their shards, with the environment (endpoint, credentials) their
+    workers got when the instance started, as a cluster's nodes have their own."""
+    with local_s3_server(BUCKET) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def ray_address(s3_server: S3Server) -> Iterator[str]:
     """A local Ray instance for the module; its address, for drivers in subprocesses."""
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -223,15 +234,14 @@ def test_ray_missing_says_how_to_install(tmp_path: Path) -> None:
     assert not (tmp_path / "dst").exists()
 
 
-def test_ray_converts_to_an_object_store_destination(ray_address, tmp_path):
+def test_ray_converts_to_an_object_store_destination(ray_address: str, tmp_path: Path) -> None:
     local = convert(SAMPLE_DATA, tmp_path / "local", "local")
-    with local_s3_server("imgpack-ray"):
-        url = "s3://imgpack-ray/wds"
-        convert(SAMPLE_DATA, url, "ray", staging=tmp_path / "staging")
-        remote = readers.load_manifest(url)
-        assert remote.content_sha256 == manifest(local)["content_sha256"]
-        assert len(remote.shards) == 4 and not (tmp_path / "staging").exists()
-        assert_same_samples(url, local)
+    url = f"s3://{BUCKET}/wds"
+    convert(SAMPLE_DATA, url, "ray", staging=tmp_path / "staging")
+    remote = readers.load_manifest(url)
+    assert remote.content_sha256 == manifest(local)["content_sha256"]
+    assert len(remote.shards) == 4 and not (tmp_path / "staging").exists()
+    assert_same_samples(url, local)
 
 
 def test_ray_resumes_an_object_store_conversion_on_another_machine(
@@ -242,36 +252,35 @@ def test_ray_resumes_an_object_store_conversion_on_another_machine(
     from convert.journal import ENTRY_PREFIX
     from readers.storage.remote import RemoteFolder
 
-    with local_s3_server("imgpack-ray-resume"):
-        url = "s3://imgpack-ray-resume/wds"
-        args = ["--format", "wds", "--encoding", "jpeg", "--resize", "128", "--shard-size", "10"]
-        args += ["--executor", "ray", "--ray-address", ray_address, "--no-progress"]
-        args += ["--staging", str(tmp_path / "a")]
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "convert.cli", "convert", str(photos), url, *args],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        folder = RemoteFolder(url)
-        deadline = time.monotonic() + 120
-        while sum(n.startswith(ENTRY_PREFIX) for n in folder.names()) < 3:
-            assert driver.poll() is None, driver.communicate()
-            assert time.monotonic() < deadline, "the driver made no progress"
-            time.sleep(0.05)
-        driver.kill()
-        driver.communicate(timeout=60)
-        shutil.rmtree(tmp_path / "a")
-        options = ConvertOptions(format="wds", **PHOTO_OPTIONS)
-        result = convert_folder(
-            photos,
-            url,
-            options,
-            resume=True,
-            progress=False,
-            executor="ray",
-            staging=tmp_path / "b",
-        )
-        assert result.resumed >= 30  # the journaled shards were kept
-        assert readers.load_manifest(url).content_sha256 == photos_checksum
+    url = f"s3://{BUCKET}/resume/wds"
+    args = ["--format", "wds", "--encoding", "jpeg", "--resize", "128", "--shard-size", "10"]
+    args += ["--executor", "ray", "--ray-address", ray_address, "--no-progress"]
+    args += ["--staging", str(tmp_path / "a")]
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "convert.cli", "convert", str(photos), url, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    folder = RemoteFolder(url)
+    deadline = time.monotonic() + 120
+    while sum(n.startswith(ENTRY_PREFIX) for n in folder.names()) < 3:
+        assert driver.poll() is None, driver.communicate()
+        assert time.monotonic() < deadline, "the driver made no progress"
+        time.sleep(0.05)
+    driver.kill()
+    driver.communicate(timeout=60)
+    shutil.rmtree(tmp_path / "a")
+    options = ConvertOptions(format="wds", **PHOTO_OPTIONS)
+    result = convert_folder(
+        photos,
+        url,
+        options,
+        resume=True,
+        progress=False,
+        executor="ray",
+        staging=tmp_path / "b",
+    )
+    assert result.resumed >= 30  # the journaled shards were kept
+    assert readers.load_manifest(url).content_sha256 == photos_checksum

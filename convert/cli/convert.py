@@ -99,6 +99,14 @@ def _interrupt(signum: int, frame: object) -> None:
     "folder, for one. Images it does not list are reported, not converted.",
 )
 @click.option(
+    "--file-list",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Convert exactly the files this CSV or TSV file lists below SRC, in its order, "
+    "without listing SRC (a billion files need no directory walk): rows of relative_path "
+    "(unlabeled) or relative_path,label_name (classes: the sorted label names, or "
+    "--classes). A listed file that is missing or unreadable is a bad file (--on-error).",
+)
+@click.option(
     "--unlabeled",
     is_flag=True,
     help="Convert every image below SRC, in any layout, with label -1 and no classes.",
@@ -214,6 +222,7 @@ def convert(
     classes_file: Path | None,
     classes_from: str | None,
     labels_file: Path | None,
+    file_list: Path | None,
     unlabeled: bool,
     label_key: str | None,
     include_hidden: bool,
@@ -271,6 +280,7 @@ def convert(
         include_hidden=include_hidden,
         classes=classes,
         labels_file=str(labels_file) if labels_file else None,
+        file_list=str(file_list) if file_list else None,
         unlabeled=unlabeled,
         label_key=label_key,
         center_crop=center_crop,

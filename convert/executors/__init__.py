@@ -19,7 +19,7 @@ from convert.job import Job
 from convert.journal import JournalStore, ShardEntry
 from convert.ledger import Ledger, Publish
 from convert.options import ConvertOptions
-from convert.scan import Sample
+from convert.samples import SampleTable
 
 __all__ = ["EXECUTORS", "RAY_HINT", "Executor", "WorkerDiedError", "check_executor"]
 
@@ -30,7 +30,7 @@ class Executor(Protocol):
     that order."""
 
     def __init__(
-        self, options: ConvertOptions, samples: list[Sample], ray_address: str | None
+        self, options: ConvertOptions, samples: SampleTable, ray_address: str | None
     ) -> None: ...
 
     @staticmethod

@@ -14,7 +14,7 @@ from convert.job import Job, bad_input
 from convert.journal import JournalStore, ShardEntry, resumable_entries
 from convert.ledger import Publish, SequentialLedger
 from convert.options import ConvertOptions
-from convert.scan import Sample
+from convert.samples import SampleTable
 from convert.writers import WRITERS, Record, ShardedOutput
 from readers import spec
 
@@ -29,7 +29,7 @@ class LocalExecutor:
     keeps the unbroken run of completed shards from the start."""
 
     def __init__(
-        self, options: ConvertOptions, samples: list[Sample], ray_address: str | None
+        self, options: ConvertOptions, samples: SampleTable, ray_address: str | None
     ) -> None:
         self.samples = samples
         self._ledger: SequentialLedger | None = None
@@ -81,10 +81,10 @@ def _write_samples(job: Job, ledger: SequentialLedger, output: ShardedOutput) ->
     """The loop: each prepared sample, in order, into the output or the error list."""
     start = ledger.start
     bar = job.progress_bar(start)
-    todo = job.samples[start:]
-    stream = prepared_in_order(job.reader, todo, job.options.transform, job.workers)
+    positions = range(start, len(job.samples))
+    todo = map(job.samples.__getitem__, positions)  # made one at a time, not copied
+    stream = prepared_in_order(job.reader, job.samples, job.options.transform, job.workers, start)
     with bar, contextlib.closing(stream):
-        positions = range(start, len(job.samples))
         for position, sample, prepared in zip(positions, todo, stream, strict=True):
             bar.update()
             if isinstance(prepared, str):

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from convert.journal import JournalStore, ShardEntry, same_options, source_fingerprint
-from convert.ledger import Publish, Tally
+from convert.ledger import ContentDigest, Publish, Tally
 from convert.options import DEFAULT_SHARD_SIZE, ConvertOptions
 from convert.process import Prepared
-from convert.scan import Sample
+from convert.samples import Sample
 from convert.writers import WRITERS, Layout, Record, ShardWriter
 from convert.writers.base import discard_shard, place_shard
 from readers import spec
@@ -55,6 +55,7 @@ class ShardTask:
     """What writing one planned shard needs, passed to the task explicitly (picklable)."""
 
     folder: str  # where the shard file goes: DST itself on one machine or a shared filesystem
+    # (a bucket DST's shard goes into a temporary folder of the node that writes it)
     fmt: str
     layout: Layout
     index: int
@@ -66,11 +67,15 @@ class ShardTask:
 
 @dataclass
 class ShardOutcome:
-    """What a task did: the shard in place (None when no sample was written) and its tallies."""
+    """What a task did: the shard in place (None when no sample was written), its tallies,
+    and, if the task uploaded the shard itself, what it recorded of the objects (None: the
+    driver publishes it)."""
 
     index: int
     shard: spec.ShardInfo | None
     tally: Tally = field(default_factory=Tally)
+    stored: dict[str, list[Any]] | None = None
+    node: str = ""  # the Ray node that wrote it (and uploaded it, where ``stored`` is set)
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ class ShardPlan:
     fingerprints: tuple[str, ...]  # of each shard's slice of the sample list
 
     @classmethod
-    def of(cls, options: ConvertOptions, samples: list[Sample]) -> ShardPlan:
+    def of(cls, options: ConvertOptions, samples: Sequence[Sample]) -> ShardPlan:
         """The plan for ``samples``: one O(N) pass over them for the slices' fingerprints."""
         size = options.shard_size or DEFAULT_SHARD_SIZE[options.format] or PLANNED_SHARD_SIZE
         slices = (samples[i : i + size] for i in range(0, len(samples), size))
@@ -99,7 +104,7 @@ class ShardPlan:
         return range(index * self.size, min((index + 1) * self.size, self.total))
 
     def task(
-        self, index: int, samples: list[Sample], folder: str, layout: Layout, stop: bool
+        self, index: int, samples: Sequence[Sample], folder: str, layout: Layout, stop: bool
     ) -> ShardTask:
         span = self.span(index)
         chosen = samples[span.start : span.stop]
@@ -173,10 +178,11 @@ class PlannedLedger:
         self.plan = plan
         self.publish = publish  # where a completed shard goes before it is journaled
         self._done: dict[int, ShardEntry] = {}
+        self._content = ContentDigest()
         for entry in kept:
             index = plan.index_of(entry)
             if index is not None:
-                self._done[index] = entry
+                self._keep(index, entry)
         self._empty: dict[int, list[dict[str, str]]] = {}  # shards whose every file was bad
         self.kept_samples = self.written_samples
 
@@ -189,19 +195,29 @@ class PlannedLedger:
         return sum(len(self.plan.span(i)) for i in self._done)
 
     def completed(self, outcome: ShardOutcome) -> None:
-        """Record a shard a task wrote (published, then journaled), or the errors of one
-        that wrote no file."""
+        """Record a shard a task wrote (published, or checked where the task uploaded it,
+        then journaled), or the errors of one that wrote no file."""
         for error in outcome.tally.errors:
             log.warning("skipped %s", error["error"])
         index = outcome.index
         if outcome.shard is None:  # not journaled: a resume reads its bad files again
             self._empty[index] = outcome.tally.errors
+            self._content.fold(index, b"")
             return
-        stored = self.publish(outcome.shard)
+        stored = self.publish(outcome.shard, outcome.stored)
         end = self.plan.span(index).stop
         entry = outcome.tally.entry(outcome.shard, end, self.plan.fingerprints[index], stored)
-        self._done[index] = entry
         self.journal.append(entry)
+        self._keep(index, entry)
+
+    def _keep(self, index: int, entry: ShardEntry) -> None:
+        """Add a completed shard: its digests to the content checksum, the rest to the
+        shards done."""
+        self._content.fold(index, entry.digests)
+        self._done[index] = replace(entry, digests=b"")
+
+    def content_sha256(self) -> str:
+        return self._content.hexdigest()
 
     @property
     def entries(self) -> list[ShardEntry]:

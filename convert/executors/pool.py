@@ -25,7 +25,7 @@ import pickle
 import signal
 import tempfile
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -46,7 +46,7 @@ class WorkerDiedError(OSError):
 
 
 def prepare_samples(
-    reader: SampleReader, transform: Transform, samples: list[Sample]
+    reader: SampleReader, transform: Transform, samples: Sequence[Sample]
 ) -> list[Prepared | str]:
     """Read and prepare ``samples`` in order; a bad one gives its error message, not a
     raise."""
@@ -57,7 +57,7 @@ def prepare_samples(
 
 
 def _prepare_into_spool(
-    reader: SampleReader, transform: Transform, samples: list[Sample], spool: str
+    reader: SampleReader, transform: Transform, samples: Sequence[Sample], spool: str
 ) -> str:
     """:func:`prepare_samples` in a worker, its results written to a new file in ``spool``;
     returns the file's path (a short message, written to the result pipe atomically)."""
@@ -86,11 +86,16 @@ def _prepare_one(stored: bytes | np.ndarray, name: str, transform: Transform) ->
 
 
 def prepared_in_order(
-    reader: SampleReader, samples: list[Sample], transform: Transform, workers: int
+    reader: SampleReader,
+    samples: Sequence[Sample],
+    transform: Transform,
+    workers: int,
+    start: int = 0,
 ) -> Iterator[Prepared | str]:
-    """Prepared samples in input order, from a process pool (or in-process for 1 worker)."""
-    chunk = max(1, min(16, len(samples) // (workers * 8)))
-    chunks = (samples[i : i + chunk] for i in range(0, len(samples), chunk))
+    """``samples[start:]`` prepared, in input order, from a process pool (or in-process for
+    1 worker); chunks of them travel to the workers, the table is never copied whole."""
+    chunk = max(1, min(16, (len(samples) - start) // (workers * 8)))
+    chunks = (samples[i : i + chunk] for i in range(start, len(samples), chunk))
     if workers <= 1:  # in this process, on one core as asked: torch's threads too
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -103,7 +108,7 @@ def prepared_in_order(
     spool = tempfile.TemporaryDirectory(prefix="imgpack-prepared-")
     pool = ProcessPoolExecutor(workers, initializer=_init_worker)
 
-    def submit(part: list[Sample]) -> Future[str]:
+    def submit(part: Sequence[Sample]) -> Future[str]:
         return pool.submit(_prepare_into_spool, reader, transform, part, spool.name)
 
     try:
@@ -118,7 +123,8 @@ def prepared_in_order(
                 in_flight.extend(map(submit, itertools.islice(chunks, 1)))  # raises once one died
             except BrokenProcessPool as e:
                 raise WorkerDiedError(
-                    f"a worker process died while preparing {samples[done].relpath} or the files "
+                    f"a worker process died while preparing {samples[start + done].relpath} or "
+                    "the files "
                     "after it (killed, or out of memory?): rerun with --resume"
                 ) from e
             done += len(results)

@@ -14,7 +14,7 @@ from convert.job import Job, bad_input
 from convert.journal import JournalStore, ShardEntry
 from convert.ledger import Publish
 from convert.options import ConvertOptions
-from convert.scan import Sample
+from convert.samples import SampleTable
 
 __all__ = ["RAY_HINT", "RayExecutor"]
 
@@ -29,7 +29,7 @@ class RayExecutor:
     own tasks in any order; a resume keeps every completed shard of the same plan."""
 
     def __init__(
-        self, options: ConvertOptions, samples: list[Sample], ray_address: str | None
+        self, options: ConvertOptions, samples: SampleTable, ray_address: str | None
     ) -> None:
         self.plan = ShardPlan.of(options, samples)
         self.ray_address = ray_address
@@ -82,11 +82,15 @@ class RayExecutor:
             with job.progress_bar(ledger.kept_positions()) as bar:
                 error = ray_tasks.run_shards(
                     ray_tasks.ShardJob(
-                        job.reader, job.folder, job.samples, job.options.transform, job.layout()
+                        job.reader,
+                        job.folder,
+                        job.samples,
+                        job.options.transform,
+                        job.layout(),
+                        job.upload,
                     ),
                     ledger,
                     stop_on_error=job.on_error == "fail",
-                    writes_here=job.staged,
                     cpus=cpus,
                     bar=bar,
                 )

@@ -3,13 +3,22 @@
 The driver (the ``imgpack convert`` process) plans the shards
 (``convert.executors.planned``) and, for each, submits preparation tasks over chunks of its
 samples (:func:`convert.executors.pool.prepare_samples`, the local executor's code) and one
-write task that receives their results, writes the shard into a folder it is given and
-returns a :class:`~convert.executors.planned.ShardOutcome`. The driver
-publishes each completed shard (``PlannedLedger.completed``: nothing to do for a DST that
-every node mounts; an upload from the driver's staging folder for an object-store DST, whose
-write tasks then run on the driver's node), journals it, and writes the manifest last. A
-few shards are in flight at a time, enough to keep every CPU of the cluster busy, so the
-object store holds a bounded number of prepared samples whatever the folder's size.
+write task that receives their results and returns a
+:class:`~convert.executors.planned.ShardOutcome`. Ray runs a write task where most of its
+prepared samples are (its arguments' node), on any node of the cluster:
+
+- a DST that every node mounts (or one machine's folder): the task writes the shard into
+  it, renamed into place when complete;
+- an object-store DST: the task writes the shard into a temporary folder of its node
+  (``TMPDIR``), uploads it and its sidecars from there with that node's credentials and
+  the run's storage options (:class:`convert.remote.ShardUploader`), and returns what the
+  journal records of the objects. No shard passes through the driver, whose network link
+  would otherwise carry every output byte of the cluster.
+
+The driver journals each completed shard only once it is in place (uploaded) and writes the
+manifest last. A few shards are in flight at a time, enough to keep every CPU of the
+cluster busy, so the object store holds a bounded number of prepared samples whatever the
+folder's size.
 
 Failures: a task that raises or whose worker dies is run again by Ray (``max_retries``);
 a bad image is an error string, recorded (``skip``) or stopping the run (``fail``: the
@@ -23,24 +32,26 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import math
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
 import torch
 from ray.exceptions import RayError, RayTaskError
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tqdm import tqdm
 
+from convert.destination import Upload
 from convert.executors.planned import PlannedLedger, ShardOutcome, ShardTask, write_shard
 from convert.executors.pool import WorkerDiedError, prepare_samples
 from convert.process import Prepared, Transform
-from convert.scan import Sample
+from convert.samples import Sample, SampleTable
 from convert.sources import SampleReader
 from convert.writers import Layout
 
@@ -49,6 +60,8 @@ __all__ = ["ShardJob", "connected", "run_shards"]
 CHUNK = 64  # files per preparation task: ~0.5 s of work, so Ray's cost per task is noise
 RETRIES = 3  # runs of a task after the first, when its worker died or it raised OSError
 CANCEL_WAIT_S = 10.0  # how long a stopping run waits for cancelled writes to clean up
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -79,10 +92,11 @@ class ShardJob:
     """What every shard of a run shares: where the samples come from and go, and the recipe."""
 
     reader: SampleReader
-    dst: Path  # the folder the write tasks write into (a remote DST's staging folder)
-    samples: list[Sample]
+    dst: Path  # the folder the write tasks write into, unless they upload
+    samples: SampleTable
     transform: Transform
     layout: Layout
+    upload: Upload | None  # a bucket DST's: each write task uploads its shard from its node
 
 
 def run_shards(
@@ -90,13 +104,11 @@ def run_shards(
     ledger: PlannedLedger,
     *,
     stop_on_error: bool,
-    writes_here: bool,
     cpus: int,
     bar: tqdm,
 ) -> dict[str, str] | None:
     """Write every shard ``ledger`` still lacks, as Ray tasks, reporting each to it (and
-    ``bar``); ``writes_here`` runs the write tasks on this node (the folder is local to
-    it). Returns the first bad file's error when ``stop_on_error`` (the tasks still
+    ``bar``). Returns the first bad file's error when ``stop_on_error`` (the tasks still
     running are cancelled first), else None."""
     plan = ledger.plan
     chunk = min(CHUNK, plan.size)
@@ -105,9 +117,6 @@ def run_shards(
     # Writing is I/O and hashing, ~1% of the work: it takes no CPU slot from preparation,
     # as the local executor's main process takes none from its workers.
     write = ray.remote(num_cpus=0, **retry)(_write)
-    if writes_here:
-        node = ray.get_runtime_context().get_node_id()
-        write = write.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, False))
     # Absolute paths: a task's working directory is not the driver's.
     folder = os.path.abspath(job.dst)
     running: dict[ray.ObjectRef, list[ray.ObjectRef]] = {}  # write task -> its preparations
@@ -119,7 +128,7 @@ def run_shards(
             prepare.remote(job.reader, job.transform, chosen[i : i + chunk])
             for i in range(0, len(chosen), chunk)
         ]
-        running[write.remote(task, *parts)] = parts
+        running[write.remote(task, job.upload, *parts)] = parts
 
     todo = iter(ledger.todo())
     in_flight = max(2, math.ceil(2 * cpus * chunk / plan.size))  # 2 chunks per CPU queued
@@ -132,6 +141,9 @@ def run_shards(
             outcome = _outcome(ref)
             if stop_on_error and outcome.tally.errors:
                 return outcome.tally.errors[0]
+            if outcome.shard is not None:
+                how = "written and uploaded" if outcome.stored is not None else "written"
+                log.debug("%s %s on Ray node %s", outcome.shard.path, how, outcome.node)
             ledger.completed(outcome)
             bar.update(len(plan.span(outcome.index)))
             for index in itertools.islice(todo, 1):
@@ -148,8 +160,19 @@ def _prepare(
     return prepare_samples(reader, transform, samples)
 
 
-def _write(task: ShardTask, *parts: list[Prepared | str]) -> ShardOutcome:
-    return write_shard(task, itertools.chain.from_iterable(parts))
+def _write(task: ShardTask, upload: Upload | None, *parts: list[Prepared | str]) -> ShardOutcome:
+    """Write one shard into ``task.folder``, or, with ``upload``, into a temporary folder of
+    this node and upload it from there (the folder is removed, whatever happens)."""
+    prepared = itertools.chain.from_iterable(parts)
+    if upload is None:
+        outcome = write_shard(task, prepared)
+    else:
+        with tempfile.TemporaryDirectory(prefix="imgpack-shard-") as folder:
+            outcome = write_shard(replace(task, folder=folder), prepared)
+            if outcome.shard is not None:
+                outcome.stored = upload(Path(folder), outcome.shard)
+    outcome.node = ray.get_runtime_context().get_node_id()
+    return outcome
 
 
 def _outcome(ref: ray.ObjectRef) -> ShardOutcome:

@@ -81,6 +81,7 @@ def refuse_folder_options(where: str, options: ConvertOptions) -> None:
         flag
         for flag, value in (
             ("--labels", options.labels_file),
+            ("--file-list", options.file_list),
             ("--unlabeled", options.unlabeled),
             ("--include-hidden", options.include_hidden),
         )

@@ -13,7 +13,8 @@ import numpy as np
 
 import readers
 from convert.options import ConvertOptions
-from convert.scan import Sample, Scan
+from convert.samples import Sample, SampleTable
+from convert.scan import Scan
 from convert.sources.base import Stored, position, refuse_folder_options
 from readers import spec
 from readers.storage.location import Location
@@ -93,10 +94,10 @@ class DatasetSource:
         ds = readers.open_dataset(self.manifest, decode_threads=1)
         classes = list(self.manifest.classes)
         relabel = _relabel(self.where, classes, options.classes)
-        samples = [
+        samples = SampleTable.of(
             Sample(path, relabel[label] if label != spec.UNLABELED else label, index)
             for index, (path, label) in enumerate(ds.samples)
-        ]
+        )
         if not samples:
             raise FileNotFoundError(f"{self.where}: the dataset holds no samples")
         return Scan(

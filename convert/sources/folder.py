@@ -1,5 +1,6 @@
-"""An image folder as a sample source: :func:`convert.scan.scan_source` finds the samples,
-and each is read from its file."""
+"""An image folder as a sample source: :func:`convert.scan.scan_source` finds the samples
+(:func:`convert.file_list.scan_file_list` with ``--file-list``), and each is read from its
+file."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from convert.file_list import scan_file_list
 from convert.options import ConvertOptions
 from convert.scan import Sample, Scan, scan_source
 from convert.sources.base import Stored
@@ -51,6 +53,8 @@ class FolderSource:
         return self.folder
 
     def scan(self, options: ConvertOptions) -> Scan:
+        if options.file_list:  # the listed files, no walk of the folder
+            return scan_file_list(self.folder, Path(options.file_list), options.classes)
         return scan_source(
             self.folder,
             include_hidden=options.include_hidden,

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from convert.options import ConvertOptions
-from convert.scan import Sample, Scan
+from convert.samples import Sample, SampleTable
+from convert.scan import Scan
 from convert.sources.base import Stored, position, refuse_folder_options
 from convert.sources.files import FileSource, Spans, open_file
 from convert.sources.labels import Labels
@@ -167,11 +168,11 @@ class ParquetSource(FileSource):
             raise FileNotFoundError(f"{self.where}: no rows")
         self._reader = ParquetReader(self.files, Spans.write(np.array(spans), self), columns)
         classes, numbers, left_out = labels.resolve()
-        samples = [
+        samples = SampleTable.of(
             Sample(path, label, index)
             for index, (path, label) in enumerate(zip(paths, numbers, strict=True))
             if label is not None
-        ]
+        )
         return Scan(classes, samples, left_out)
 
     def reader(self) -> ParquetReader:

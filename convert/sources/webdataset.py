@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from convert.options import ConvertOptions
-from convert.scan import Sample, Scan
+from convert.samples import Sample, SampleTable
+from convert.scan import Scan
 from convert.sources.base import Stored, position, refuse_folder_options
 from convert.sources.files import FileSource, Spans, open_file, split_url
 from convert.sources.labels import Labels
@@ -114,11 +115,11 @@ class WebDatasetSource(FileSource):
             )
         self._spans = Spans.write(np.array(rows), self)
         classes, numbers, left_out = labels.resolve()
-        samples = [
+        samples = SampleTable.of(
             Sample(path, label, index)
             for index, (path, label) in enumerate(zip(paths, numbers, strict=True))
             if label is not None
-        ]
+        )
         return Scan(classes, samples, problems + left_out)
 
     def reader(self) -> TarReader:

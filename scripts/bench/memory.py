@@ -11,13 +11,20 @@ per-shard constant. A reader's peak RSS also counts the pages of mmap'd shards i
 (``pt`` and ``lmdb``: the kernel maps up to 64 KiB around each page read), which are the
 page cache's, shared and reclaimable: "private" is its anonymous memory (RssAnon) at the end.
 
+``--convert-only`` measures the conversions alone, and says how much the main process's
+peak grew from the first size to the last: at 100k and 1M small files it should stay
+within 20 % (the sample table costs ~12 bytes a file beside its path, the content checksum
+none: ``convert.samples``, ``convert.ledger.ContentDigest``).
+
 Each conversion and each read is :mod:`scripts.bench.memory_probe` in a fresh process.
 ``--rev REV`` measures an earlier commit instead, checked out by the A/B helper
 (:mod:`scripts.bench.ab`: this tree's benchmarks over that commit's ``readers`` and
 ``convert``); ``--code DIR`` another checkout that has ``scripts/bench/``.
 
 Usage: ``python -m scripts.bench.memory --work /tmp/mem-bench [--sizes 10000 100000]
-[--rev e2c6b1e]``
+[--rev e2c6b1e]``; the converter alone at 1 M files (it writes the 1 M tiles first):
+``python -m scripts.bench.memory --work /tmp/mem-bench --sizes 100000 1000000 --formats wds
+--encodings jpeg --convert-only``
 """
 
 from __future__ import annotations
@@ -87,36 +94,39 @@ def measure(args: argparse.Namespace, tree: Path) -> tuple[list[list[Any]], list
                 dst = args.work / f"{fmt}-{encoding}-{count}"
                 convert = ["convert", str(src), str(dst), fmt, encoding, str(args.workers)]
                 conversion = ab.run_child(tree, PROBE, convert)
-                reading = ab.run_child(tree, PROBE, ["read", str(dst), str(args.reads)])
+                reading = {}
+                if not args.convert_only:
+                    reading = ab.run_child(tree, PROBE, ["read", str(dst), str(args.reads)])
                 measured.append({"samples": count, **conversion, **reading})
                 print(fmt, encoding, measured[-1], flush=True)
             (a, b) = (measured[0], measured[-1])
-            slope = (b["index_bytes"] - a["index_bytes"]) / max(b["samples"] - a["samples"], 1)
             results.append({"format": fmt, "encoding": encoding, "runs": measured})
-            rows.append(
-                [
-                    fmt,
-                    encoding,
-                    *(m["main_kib"] / 1024 for m in measured),
+            row = [fmt, encoding, *(m["main_kib"] / 1024 for m in measured)]
+            if args.convert_only:
+                row.append(f"{100 * (b['main_kib'] / a['main_kib'] - 1):+.0f} %")
+            else:
+                slope = (b["index_bytes"] - a["index_bytes"]) / max(b["samples"] - a["samples"], 1)
+                row += [
                     *(m["peak_kib"] / 1024 for m in measured),
                     *(m["anon_kib"] / 1024 for m in measured),
                     slope,
                 ]
-            )
+            rows.append(row)
     return rows, results
 
 
-def print_table(counts: list[int], rows: list[list[Any]]) -> None:
+def print_table(counts: list[int], rows: list[list[Any]], convert_only: bool) -> None:
     """The markdown table of ``rows``, a column per size of each measure."""
     sizes = [f"{n // 1000}k" for n in counts]
-    headers = [
-        "format",
-        "encoding",
-        *(f"convert main MiB ({s})" for s in sizes),
-        *(f"reader MiB ({s})" for s in sizes),
-        *(f"reader private MiB ({s})" for s in sizes),
-        "index B/sample",
-    ]
+    headers = ["format", "encoding", *(f"convert main MiB ({s})" for s in sizes)]
+    if convert_only:
+        headers.append(f"growth {sizes[0]} -> {sizes[-1]}")
+    else:
+        headers += [
+            *(f"reader MiB ({s})" for s in sizes),
+            *(f"reader private MiB ({s})" for s in sizes),
+            "index B/sample",
+        ]
     print(markdown_table(headers, rows))
 
 
@@ -129,6 +139,9 @@ def main() -> None:
     parser.add_argument("--encodings", nargs="+", default=["raw", "jpeg"])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--reads", type=int, default=4096, help="random samples read")
+    parser.add_argument(
+        "--convert-only", action="store_true", help="measure the conversions, not the reading"
+    )
     code = parser.add_mutually_exclusive_group()
     code.add_argument("--rev", help="measure this commit instead (a temporary git worktree)")
     code.add_argument(
@@ -143,7 +156,7 @@ def main() -> None:
     print_machine(info)
     with ab.worktree(args.rev) if args.rev else nullcontext(args.code.resolve()) as tree:
         rows, results = measure(args, tree)
-    print_table(args.sizes, rows)
+    print_table(args.sizes, rows, args.convert_only)
     options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     write_json(args.json, {"machine": info, "args": options, "results": results})
 
