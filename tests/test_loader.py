@@ -100,7 +100,7 @@ def test_split_gives_every_rank_an_equal_share_and_resumes_exactly_on_any_world_
     for _ in range(2000):
         n, world = rng.randint(1, 50), rng.randint(1, 4)
         batch, workers, drop = rng.randint(1, 6), rng.randint(1, 3), rng.random() < 0.5
-        split = Split(EpochState.start(0, 0, n).remaining, world, drop, batch)
+        split = Split(EpochState.start(0, 0, n, "feistel").remaining, world, drop, batch)
         everything = simulate(split, split.batches, workers)
         shares = [total(split.rank_ranges(r)) for r in range(world)]
         assert shares == [split.per_rank] * world

@@ -68,7 +68,7 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch`` next, from its start; keeps a loaded state of the same epoch."""
         if epoch != self._current().epoch:
-            self._restart(self.source.start_state(epoch))
+            self._restart(self._current().start_of(epoch))
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch, seed, samples consumed, world size and the position ranges left."""

@@ -27,8 +27,13 @@ Because every rank yields the same number of batches, any rank can tell which po
 every rank has consumed after ``k`` batches (the first ``k`` batches of every slice); a
 resumed run, with any world size, splits the rest the same way, and on the same world size
 continues exactly as the uninterrupted run would have. Nothing here touches the data:
-resuming costs O(ranks) range arithmetic (:mod:`readers.epochs.ranges`) and one permutation of
-the epoch's order.
+resuming costs O(ranks) range arithmetic (:mod:`readers.epochs.ranges`), and the order maps
+only the positions read next (:class:`readers.epochs.order.FeistelOrder`).
+
+A state names its order (``"order"``: a key of :data:`readers.epochs.order.MAP_ORDERS`, or
+``"windows"`` for the stream), and the epochs after it keep that order: a run resumed from
+a state saved before version 2 (which has no ``"order"``: the map-style order was then the
+whole permutation, ``"permutation"``) goes on exactly as it would have.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ __all__ = [
     "subset_digest",
 ]
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the state names its order; 1 (read still) had one order per reader
 
 
 def require_full_batches(num_samples: int, world_size: int, batch_size: int) -> None:
@@ -80,8 +85,9 @@ def _reads(subset: str | None) -> str:
 
 @dataclass(frozen=True)
 class EpochState:
-    """Where a run stands: the epoch, its seed and the positions not yet read by any rank,
-    and, over a subset of the dataset, that subset's :func:`subset_digest`.
+    """Where a run stands: the epoch, its seed, the name of its order, the positions not
+    yet read by any rank, and, over a subset of the dataset, that subset's
+    :func:`subset_digest`.
 
     ``state_dict()``/``from_dict`` give the small JSON-ready dict checkpoints store.
     """
@@ -90,30 +96,37 @@ class EpochState:
     seed: int
     num_samples: int
     remaining: Ranges
+    order: str
     subset: str | None = None
 
     @classmethod
     def start(
-        cls, epoch: int, seed: int, num_samples: int, subset: str | None = None
+        cls, epoch: int, seed: int, num_samples: int, order: str, subset: str | None = None
     ) -> EpochState:
-        return cls(epoch, seed, num_samples, ((0, num_samples),) if num_samples else (), subset)
+        whole = ((0, num_samples),) if num_samples else ()
+        return cls(epoch, seed, num_samples, whole, order, subset)
+
+    def start_of(self, epoch: int) -> EpochState:
+        """The start of ``epoch`` in this run: the same seed, order and samples."""
+        return EpochState.start(epoch, self.seed, self.num_samples, self.order, self.subset)
 
     @property
     def fresh(self) -> bool:
         """True when nothing of this epoch has been read yet."""
-        return self.remaining == EpochState.start(self.epoch, self.seed, self.num_samples).remaining
+        return self.remaining == self.start_of(self.epoch).remaining
 
     def advanced(self, split: Split, consumed: Ranges) -> EpochState:
         """This state once ``consumed`` (from ``split``) is read: the next epoch's start
         once every rank has had its whole slice."""
         left = split.after(consumed)
         if not left:
-            return EpochState.start(self.epoch + 1, self.seed, self.num_samples, self.subset)
-        return EpochState(self.epoch, self.seed, self.num_samples, left, self.subset)
+            return self.start_of(self.epoch + 1)
+        return EpochState(self.epoch, self.seed, self.num_samples, left, self.order, self.subset)
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
         state = {
             "version": STATE_VERSION,
+            "order": self.order,
             "epoch": self.epoch,
             "seed": self.seed,
             "num_samples": self.num_samples,
@@ -127,19 +140,28 @@ class EpochState:
 
     @classmethod
     def from_dict(
-        cls, state: dict[str, Any], num_samples: int, seed: int, subset: str | None = None
+        cls,
+        state: dict[str, Any],
+        num_samples: int,
+        seed: int,
+        orders: tuple[str, ...],
+        subset: str | None = None,
     ) -> EpochState:
-        """Check a stored state against this dataset (or subset) and seed; ValueError names
-        the field."""
+        """Check a stored state against this dataset (or subset), seed and the orders this
+        reader has (``orders[-1]``: the one of version 1 states); ValueError names the
+        field."""
         try:
             version, epoch = state["version"], state["epoch"]
+            order = state["order"] if version != 1 else orders[-1]
             stored_n, stored_seed = state["num_samples"], state["seed"]
             stored_subset = state.get("subset")
             remaining = tuple((int(lo), int(hi)) for lo, hi in state["remaining"])
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not an imgpack loader state: {e!r}") from None
-        if version != STATE_VERSION:
-            raise ValueError(f"loader state version {version!r}, expected {STATE_VERSION}")
+        if version not in (1, STATE_VERSION):
+            raise ValueError(f"loader state version {version!r}, expected {STATE_VERSION} or 1")
+        if order not in orders:
+            raise ValueError(f"loader state has the order {order!r}, this reader {orders}")
         if stored_n != num_samples:
             raise ValueError(
                 f"loader state is for {stored_n} samples, this dataset has {num_samples}"
@@ -155,7 +177,7 @@ class EpochState:
             raise ValueError("loader state has ranges outside the epoch")
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"loader state has an invalid epoch {epoch!r}")
-        return cls(epoch, seed, num_samples, remaining, subset)
+        return cls(epoch, seed, num_samples, remaining, order, subset)
 
 
 @dataclass(frozen=True)
@@ -243,14 +265,15 @@ class EpochSource:
     drop_last: bool
     batch_size: int | None
     subset: str | None = None  # the subset_digest of the samples read, None for all
+    orders: tuple[str, ...]  # the orders it reads: a new run's first, version 1's last
 
     def start_state(self, epoch: int) -> EpochState:
-        """The start of epoch ``epoch`` over what this source reads."""
-        return EpochState.start(epoch, self.seed, self.num_samples, self.subset)
+        """The start of epoch ``epoch`` of a new run over what this source reads."""
+        return EpochState.start(epoch, self.seed, self.num_samples, self.orders[0], self.subset)
 
     def loaded_state(self, state: dict[str, Any]) -> EpochState:
         """``state`` (a ``state_dict``), checked against what this source reads."""
-        return EpochState.from_dict(state, self.num_samples, self.seed, self.subset)
+        return EpochState.from_dict(state, self.num_samples, self.seed, self.orders, self.subset)
 
     @property
     def epoch(self) -> int:

@@ -74,6 +74,8 @@ class WdsStream(EpochSource, IterableDataset):
     Call :meth:`set_epoch` before each epoch (:func:`readers.make_loader` does).
     """
 
+    orders = ("windows",)  # BlockOrder, the stream's only order (version 1 states too)
+
     def __init__(
         self,
         root: str | os.PathLike[str] | Manifest,
@@ -113,7 +115,7 @@ class WdsStream(EpochSource, IterableDataset):
         self.rank, self.world_size = self._place()
         if drop_last:  # without a batch size, a rank's share is dropped below one sample
             require_full_batches(self.manifest.num_samples, self.world_size, batch_size or 1)
-        self._state = EpochState.start(0, seed, self.manifest.num_samples)
+        self._state = self.start_state(0)
         self._version = 0  # of the loaded state, to tell a worker holding an older copy
         self._shared = torch.tensor([0, self.rank, self.world_size, 0]).share_memory_()
         self._iterating = self._state  # the state the current iteration started from
@@ -134,7 +136,7 @@ class WdsStream(EpochSource, IterableDataset):
         loaded for this same epoch is kept). Call it in the training process."""
         self._in_training_process("set_epoch")
         if epoch != self._state.epoch:
-            self._state = EpochState.start(epoch, self.seed, self.manifest.num_samples)
+            self._state = self._state.start_of(epoch)
         self._iterating, self._yielded = self._state, 0
         self._publish()
 
@@ -144,7 +146,7 @@ class WdsStream(EpochSource, IterableDataset):
         running keep their copy, and refuse to serve a stale epoch. Inside a worker it
         takes back that worker's own state (what torchdata's StatefulDataLoader does)."""
         info = current_worker()
-        loaded = EpochState.from_dict(state, self.manifest.num_samples, self.seed)
+        loaded = self.loaded_state(state)
         if info is not None:
             if (state.get("worker"), state.get("num_workers")) != (info.id, info.num_workers):
                 raise ValueError(
@@ -254,7 +256,7 @@ class WdsStream(EpochSource, IterableDataset):
             )
         if epoch == self._state.epoch:
             return self._state
-        return EpochState.start(epoch, self.seed, self.manifest.num_samples)
+        return self._state.start_of(epoch)
 
     def _place(self) -> tuple[int, int]:
         """Rank and world size: the placement given, else detected now."""

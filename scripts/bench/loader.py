@@ -152,7 +152,7 @@ def resume_times(repeats: int) -> list[list[Any]]:
         next(iter(sampler))
 
     def stream_first(world: int) -> None:  # what WdsStream.__iter__ does before reading
-        loaded = state.EpochState.from_dict(stored, IMAGENET, 0)
+        loaded = state.EpochState.from_dict(stored, IMAGENET, 0, ("feistel", "windows"))
         split = state.Split(loaded.remaining, world, False, batch)
         lo, hi = ranges.wrapped(split.worker_ranges(world - 1, 3, 4), IMAGENET)[0]
         blocks = order.BlockOrder(shards, 0, loaded.epoch, 5000)
