@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -98,6 +99,8 @@ class EpochState:
     remaining: Ranges
     order: str
     subset: str | None = None
+    workers: int = 1  # a stream's DataLoader workers, for which ``turns`` were counted
+    turns: tuple[int, ...] = ()  # per rank, see Split._deal (a stream with workers only)
 
     @classmethod
     def start(
@@ -115,13 +118,23 @@ class EpochState:
         """True when nothing of this epoch has been read yet."""
         return self.remaining == self.start_of(self.epoch).remaining
 
-    def advanced(self, split: Split, consumed: Ranges) -> EpochState:
-        """This state once ``consumed`` (from ``split``) is read: the next epoch's start
-        once every rank has had its whole slice."""
+    def advanced(self, split: Split, consumed: Ranges, turns: tuple[int, ...] = ()) -> EpochState:
+        """This state once ``consumed`` (from ``split``) is read, each rank's next worker
+        class being ``turns``: the next epoch's start once every rank has had its whole
+        slice."""
         left = split.after(consumed)
         if not left:
             return self.start_of(self.epoch + 1)
-        return EpochState(self.epoch, self.seed, self.num_samples, left, self.order, self.subset)
+        workers = split.num_workers if turns else 1
+        return EpochState(
+            self.epoch, self.seed, self.num_samples, left, self.order, self.subset, workers, turns
+        )
+
+    def split_turns(self, world_size: int, num_workers: int) -> tuple[int, ...]:
+        """The turns to deal this state with: its own where they were counted for this
+        world and these workers; a resumed run of another shape deals afresh."""
+        fits = self.workers == num_workers and len(self.turns) == world_size
+        return self.turns if fits else ()
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
         state = {
@@ -136,6 +149,8 @@ class EpochState:
         }
         if self.subset is not None:  # absent for the whole dataset, as before subsets
             state["subset"] = self.subset
+        if self.turns:  # a stream read by several workers, mid-epoch
+            state.update(workers=self.workers, turns=list(self.turns))
         return state
 
     @classmethod
@@ -156,6 +171,8 @@ class EpochState:
             stored_n, stored_seed = state["num_samples"], state["seed"]
             stored_subset = state.get("subset")
             remaining = tuple((int(lo), int(hi)) for lo, hi in state["remaining"])
+            workers = int(state.get("workers", 1))
+            turns = tuple(int(t) for t in state.get("turns", ()))
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not an imgpack loader state: {e!r}") from None
         if version not in (1, STATE_VERSION):
@@ -177,18 +194,25 @@ class EpochState:
             raise ValueError("loader state has ranges outside the epoch")
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"loader state has an invalid epoch {epoch!r}")
-        return cls(epoch, seed, num_samples, remaining, order, subset)
+        if workers < 1 or not all(0 <= t < workers for t in turns):
+            raise ValueError(f"loader state has turns {list(turns)} outside {workers} workers")
+        return cls(epoch, seed, num_samples, remaining, order, subset, workers, turns)
 
 
 @dataclass(frozen=True)
 class Split:
     """How one epoch's remaining positions are dealt to ranks, batches and (for a stream,
-    whose DataLoader workers each read their own part) workers."""
+    whose DataLoader workers each read their own part) workers: with several workers, each
+    takes whole read windows of its rank's slice (:meth:`_deal`), so that a rank reads
+    every window in one round of requests."""
 
     remaining: Ranges
     world_size: int
     drop_last: bool
     batch_size: int = 1
+    num_workers: int = 1  # a stream's DataLoader workers, each reading whole blocks
+    window: int = 1  # positions per read window: a block is the batches starting in one
+    turns: tuple[int, ...] = ()  # per rank, the worker class yielding first (see _deal)
 
     @property
     def per_rank(self) -> int:
@@ -216,25 +240,96 @@ class Split:
         """The positions rank ``rank`` yields, in the order of its slice."""
         return take(self.padded, rank * self.per_rank, self.per_rank)
 
-    def worker_ranges(self, rank: int, worker: int, num_workers: int) -> Ranges:
-        """The positions worker ``worker`` of ``num_workers`` reads of its rank's slice:
-        batches ``worker``, ``worker + num_workers``, ... The DataLoader takes one batch of
-        each worker in turn, so the rank yields its slice in order, whatever the number of
-        workers (only the last batch is short)."""
+    def worker_blocks(self, rank: int, worker: int) -> list[Ranges]:
+        """The blocks worker ``worker`` reads of rank ``rank``'s slice (see :meth:`_deal`),
+        in the order of the slice: each one round of requests from object storage."""
         mine = self.rank_ranges(rank)
-        return merge_adjacent(
-            [
-                r
-                for first in range(
-                    worker * self.batch_size, self.per_rank, num_workers * self.batch_size
-                )
-                for r in take(mine, first, min(self.batch_size, self.per_rank - first))
-            ]
-        )
+        return [take(mine, lo, hi - lo) for w, lo, hi in self._deal(rank) if w == worker]
+
+    def worker_ranges(self, rank: int, worker: int) -> Ranges:
+        """The positions worker ``worker`` reads of rank ``rank``'s slice, in order."""
+        return merge_adjacent([r for b in self.worker_blocks(rank, worker) for r in b])
+
+    def _deal(self, rank: int) -> list[tuple[int, int, int]]:
+        """``(worker, start, stop)``: which worker reads each block of rank ``rank``'s slice
+        (offsets into the slice). A block is the whole batches that start in one read
+        window (positions ``p // window`` alike), so one round of requests serves it; a
+        block goes to worker ``(p // window - turn) % num_workers``, a rule of positions
+        that a resumed run, given the rank's ``turn``, deals the same way. A short last
+        batch is a block of its own, for the last worker with the most batches: the
+        DataLoader then yields it last, as every rank does."""
+        length, batch, workers = self.per_rank, self.batch_size, self.num_workers
+        if not length:
+            return []
+        mine = self.rank_ranges(rank)
+        lows = np.array([lo for lo, _ in mine], np.int64)
+        ends = np.cumsum([hi - lo for lo, hi in mine], dtype=np.int64)
+        full = length - length % batch
+        offsets = np.arange(0, full, batch, dtype=np.int64)
+        range_of = np.searchsorted(ends, offsets, side="right")
+        first = lows[range_of] + offsets - np.r_[0, ends[:-1]][range_of]  # each batch's
+        keys = first // self.window
+        bounds = [0, *(np.flatnonzero(np.diff(keys)) + 1).tolist(), len(offsets)]
+        turn = self.turns[rank] if self.turns else 0
+        blocks = [
+            (int(keys[a] - turn) % workers, a * batch, b * batch)
+            for a, b in pairwise(bounds)
+            if b > a
+        ]
+        if full < length:
+            counts = self._batch_counts(blocks)
+            top = max(counts)
+            blocks.append((max(w for w in range(workers) if counts[w] == top), full, length))
+        return blocks
+
+    def _batch_counts(self, blocks: list[tuple[int, int, int]]) -> list[int]:
+        counts = [0] * self.num_workers
+        for worker, lo, hi in blocks:
+            counts[worker] += -(-(hi - lo) // self.batch_size)
+        return counts
+
+    def _yields(self, rank: int, batches: int) -> tuple[list[int], int | None]:
+        """Batches each worker of rank ``rank`` has yielded after the rank's first
+        ``batches``, and the worker yielding next (None: none left). The DataLoader takes
+        one batch of each worker that has one left, in turn."""
+        counts = self._batch_counts(self._deal(rank))
+        low, high = 0, max(counts)  # the last round every worker with batches took part in
+        while low < high:
+            middle = (low + high + 1) // 2
+            if sum(min(c, middle) for c in counts) <= batches:
+                low = middle
+            else:
+                high = middle - 1
+        done = [min(c, low) for c in counts]
+        live = [w for w, c in enumerate(counts) if c > low]
+        left = batches - sum(done)
+        for worker in live[:left]:
+            done[worker] += 1
+        return done, live[left] if left < len(live) else None
 
     def consumed(self, batches: int) -> Ranges:
         """Positions every rank together has yielded after ``batches`` batches each."""
-        return self.consumed_samples(batches * self.batch_size)
+        if self.num_workers == 1:
+            return self.consumed_samples(batches * self.batch_size)
+        out: list[tuple[int, int]] = []
+        for rank in range(self.world_size):
+            done, _ = self._yields(rank, batches)
+            for worker, count in enumerate(done):
+                read = self.worker_ranges(rank, worker)
+                out.extend(take(read, 0, min(count * self.batch_size, total(read))))
+        return tuple(out)
+
+    def turns_after(self, batches: int) -> tuple[int, ...]:
+        """Each rank's ``turn`` once it has yielded ``batches``: the worker class (see
+        :meth:`_deal`) that yields next, so that a resumed run's worker 0 is that one."""
+        if self.num_workers == 1:
+            return ()
+        turns = []
+        for rank in range(self.world_size):
+            _, following = self._yields(rank, batches)
+            turn = self.turns[rank] if self.turns else 0
+            turns.append(0 if following is None else (turn + following) % self.num_workers)
+        return tuple(turns)
 
     def consumed_samples(self, samples: int) -> Ranges:
         """Positions every rank together has yielded after ``samples`` samples each."""
@@ -266,6 +361,7 @@ class EpochSource:
     batch_size: int | None
     subset: str | None = None  # the subset_digest of the samples read, None for all
     orders: tuple[str, ...]  # the orders it reads: a new run's first, version 1's last
+    read_window: int = 1  # positions a worker reads in one round (a stream's, see Split)
 
     def start_state(self, epoch: int) -> EpochState:
         """The start of epoch ``epoch`` of a new run over what this source reads."""
@@ -284,7 +380,17 @@ class EpochSource:
         """The state the next iteration starts from."""
         return self._state
 
-    def split(self, state: EpochState | None = None) -> Split:
-        """How ``state`` (default: the one the next iteration starts from) is dealt."""
-        remaining = (state or self._state).remaining
-        return Split(remaining, self.world_size, self.drop_last, self.batch_size or 1)
+    def split(self, state: EpochState | None = None, num_workers: int = 1) -> Split:
+        """How ``state`` (default: the one the next iteration starts from) is dealt, to
+        ``num_workers`` DataLoader workers per rank (a stream's; a sampler deals in the
+        training process)."""
+        state = state or self._state
+        return Split(
+            state.remaining,
+            self.world_size,
+            self.drop_last,
+            self.batch_size or 1,
+            num_workers,
+            self.read_window,
+            state.split_turns(self.world_size, num_workers),
+        )

@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset
 from readers.dataset import Transform, WdsDataset
 from readers.epochs.order import BlockOrder
 from readers.epochs.placement import Placement, current_worker, visible_world_size
-from readers.epochs.ranges import take, total, wrapped
+from readers.epochs.ranges import Ranges, take, total, wrapped
 from readers.epochs.state import EpochSource, EpochState, require_full_batches
 from readers.formats import RangedWdsShard, ShardReader, open_local_shard
 from readers.images.crop import Crop
@@ -45,14 +45,18 @@ class WdsStream(EpochSource, IterableDataset):
     Each epoch, shards are taken in a seeded order and the samples inside every window of
     ``shuffle_buffer`` consecutive samples come out permuted; the order depends only on
     ``seed`` and the epoch. Ranks take equal contiguous slices of it (see
-    :mod:`readers.epochs.state`), and DataLoader workers every ``num_workers``-th batch of their
-    rank's slice, so a rank's order does not depend on the number of workers.
+    :mod:`readers.epochs.state`), and each DataLoader worker the whole batches that start
+    in every ``num_workers``-th read window (:attr:`read_window`) of its rank's slice, so
+    that a rank fetches each window once, in one round; the DataLoader takes one batch of
+    each worker in turn, so with several workers a rank yields the batches of
+    ``num_workers`` windows interleaved (the same on every run and resume with as many
+    workers).
 
     Args:
         root: the dataset folder (the one holding ``imgpack.json``), or its URL
-            (``s3://bucket/prefix``): remote tars are read by byte ranges, each worker
-            fetching its samples of a window in one round of merged, concurrent requests;
-            no shard is copied whole.
+            (``s3://bucket/prefix``): remote tars are read by byte ranges, a worker
+            fetching its read window in one round of merged, concurrent requests; no shard
+            is copied whole.
         transform: applied to each ``[3, H, W]`` uint8 image tensor.
         shuffle_buffer: samples per shuffle window; 0 reads in stored order (no shuffle).
         seed: base seed of the shard order and the window permutations (same on all ranks).
@@ -193,9 +197,9 @@ class WdsStream(EpochSource, IterableDataset):
                 state = self._worker_state()
             else:  # this worker's own state, loaded in this worker
                 state, skip, self._skip = self._state, self._skip, None
-        split = self.split(state)
-        mine = split.worker_ranges(self.rank, worker, num_workers)
-        mine = wrapped(take(mine, skip, total(mine) - skip), self.num_samples)
+        blocks = _without_first(
+            self.split(state, num_workers).worker_blocks(self.rank, worker), skip
+        )
         order = BlockOrder(
             tuple(s.samples for s in self.manifest.shards),
             self.seed,
@@ -204,32 +208,36 @@ class WdsStream(EpochSource, IterableDataset):
         )
         self._iterating, self._yielded = state, skip
         self._dataset.set_epoch(state.epoch)
-        chunks = [chunk for lo, hi in mine for chunk in order.chunks(lo, hi)]
         ds = self._dataset
-        for group in self._read_ahead(chunks):
-            indices = np.concatenate([order.indices(a, b) for a, b in group]).tolist()
-            for index, value in zip(indices, ds.read_stored(indices), strict=True):
-                item = ds.serve(value, index)
-                self._yielded += 1  # before the yield: a state taken now counts it
-                yield item
+        for block in blocks:
+            chunks = [
+                c for lo, hi in wrapped(block, self.num_samples) for c in order.chunks(lo, hi)
+            ]
+            for group in self._read_ahead(chunks):
+                indices = np.concatenate([order.indices(a, b) for a, b in group]).tolist()
+                for index, value in zip(indices, ds.read_stored(indices), strict=True):
+                    item = ds.serve(value, index)
+                    self._yielded += 1  # before the yield: a state taken now counts it
+                    yield item
 
     # --- internals ----------------------------------------------------------------------
+    @property
+    def read_window(self) -> int:
+        """Positions read in one round from object storage: whole shuffle windows, at
+        least 1,000 samples. A rank's DataLoader workers take whole read windows of its
+        slice (:class:`readers.epochs.state.Split`), so each is fetched once per rank."""
+        if not self.shuffle_buffer:
+            return 1000
+        return self.shuffle_buffer * -(-1000 // self.shuffle_buffer)
+
     def _read_ahead(self, chunks: list[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
-        """The chunks read in one go: one at a time from local disk; from object storage,
-        all of this worker's chunks in one shuffle window (at least 1,000 samples), so that
-        one round of merged range requests serves them (see :mod:`readers.storage.remote`)."""
+        """The chunks of one block read in one go: one at a time from local disk; from
+        object storage all together, so that one round of merged range requests serves
+        the block (see :mod:`readers.storage.remote`)."""
         if self.manifest.url is None:
             yield from ([c] for c in chunks)
-            return
-        span = max(self.shuffle_buffer, 1000)
-        group: list[tuple[int, int]] = []
-        for a, b in chunks:
-            if group and a // span != group[0][0] // span:
-                yield group
-                group = []
-            group.append((a, b))
-        if group:
-            yield group
+        elif chunks:
+            yield chunks
 
     def _publish(self) -> None:
         """Write epoch, placement and state version where every worker reads them."""
@@ -286,6 +294,17 @@ class WdsStream(EpochSource, IterableDataset):
                 UserWarning,
                 stacklevel=3,
             )
+
+
+def _without_first(blocks: list[Ranges], count: int) -> list[Ranges]:
+    """``blocks`` less their first ``count`` positions (what a worker already yielded)."""
+    out = []
+    for block in blocks:
+        size = total(block)
+        if count < size:
+            out.append(take(block, count, size - count))
+        count = max(count - size, 0)
+    return out
 
 
 def open_by_ranges(manifest: Manifest, index: int) -> ShardReader:
