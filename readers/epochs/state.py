@@ -15,16 +15,25 @@ The rule, shared by the map-style sampler and the stream:
   the start of the order again (as ``DistributedSampler`` pads). Padding positions stay in
   a saved state, so a run resumed on the same world size repeats exactly what the
   uninterrupted run would have.
-* Each rank yields its slice in order, in batches (only the last one short). A stream's
-  DataLoader workers read every ``num_workers``-th batch of it, and the DataLoader takes
-  one batch of each worker in turn, so the order does not depend on the number of workers.
+* Each rank yields its slice in batches (only the last one short): the sampler in order;
+  a stream with ``K`` DataLoader workers deals its slice to them in **blocks**, the whole
+  batches that start in one read window (``p // window``), block of window ``w`` to
+  worker ``(w - turn) % K``, the short last batch to the worker that yields last. Each
+  worker reads its blocks in order, one round of requests a block, and the DataLoader
+  takes one batch of each worker that has one left in turn: the rank yields ``K`` windows
+  interleaved (with one worker, or none, its slice in order).
+* A state saved mid-epoch by a stream with ``K > 1`` workers also stores, per rank, the
+  worker class that yields next (``turns``, with ``workers``); a run resumed with the same
+  world size and workers deals the rest with them and continues exactly as the
+  uninterrupted run would have; any other shape deals the rest afresh (every sample once).
 
 A subset of a dataset (``make_loader(path, indices=...)``, a ``Subset``) is an epoch over
 its own ``N`` positions, each naming one of its samples; a state saved over it carries the
 subset's fingerprint, so that a loader over other samples refuses it.
 
 Because every rank yields the same number of batches, any rank can tell which positions
-every rank has consumed after ``k`` batches (the first ``k`` batches of every slice); a
+every rank has consumed after ``k`` batches (the first ``k`` batches of every slice, or of
+every worker's share of it, counted the DataLoader's way); a
 resumed run, with any world size, splits the rest the same way, and on the same world size
 continues exactly as the uninterrupted run would have. Nothing here touches the data:
 resuming costs O(ranks) range arithmetic (:mod:`readers.epochs.ranges`), and the order maps
@@ -250,6 +259,10 @@ class Split:
         """The positions worker ``worker`` reads of rank ``rank``'s slice, in order."""
         return merge_adjacent([r for b in self.worker_blocks(rank, worker) for r in b])
 
+    @cached_property
+    def _deals(self) -> dict[int, list[tuple[int, int, int]]]:
+        return {}
+
     def _deal(self, rank: int) -> list[tuple[int, int, int]]:
         """``(worker, start, stop)``: which worker reads each block of rank ``rank``'s slice
         (offsets into the slice). A block is the whole batches that start in one read
@@ -258,6 +271,11 @@ class Split:
         that a resumed run, given the rank's ``turn``, deals the same way. A short last
         batch is a block of its own, for the last worker with the most batches: the
         DataLoader then yields it last, as every rank does."""
+        if rank not in self._deals:
+            self._deals[rank] = self._blocks(rank)
+        return self._deals[rank]
+
+    def _blocks(self, rank: int) -> list[tuple[int, int, int]]:
         length, batch, workers = self.per_rank, self.batch_size, self.num_workers
         if not length:
             return []

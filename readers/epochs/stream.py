@@ -45,12 +45,12 @@ class WdsStream(EpochSource, IterableDataset):
     Each epoch, shards are taken in a seeded order and the samples inside every window of
     ``shuffle_buffer`` consecutive samples come out permuted; the order depends only on
     ``seed`` and the epoch. Ranks take equal contiguous slices of it (see
-    :mod:`readers.epochs.state`), and each DataLoader worker the whole batches that start
-    in every ``num_workers``-th read window (:attr:`read_window`) of its rank's slice, so
-    that a rank fetches each window once, in one round; the DataLoader takes one batch of
-    each worker in turn, so with several workers a rank yields the batches of
-    ``num_workers`` windows interleaved (the same on every run and resume with as many
-    workers).
+    :mod:`readers.epochs.state`). Each DataLoader worker takes the whole batches that start
+    in every ``num_workers``-th read window of its rank's slice (``read_window``: whole
+    shuffle windows, 1,000 samples at least), so that a rank fetches each window once, in
+    one round; the DataLoader takes one batch of each worker in turn, so with several
+    workers a rank yields the batches of ``num_workers`` windows interleaved (the same in
+    every run, and after a resume with as many ranks and workers).
 
     Args:
         root: the dataset folder (the one holding ``imgpack.json``), or its URL
@@ -110,6 +110,10 @@ class WdsStream(EpochSource, IterableDataset):
         self.manifest = self._dataset.manifest
         self.transform = transform
         self.shuffle_buffer = shuffle_buffer
+        # Positions read in one round from object storage: whole shuffle windows, 1,000
+        # samples at least. A rank's DataLoader workers take whole read windows of its
+        # slice (readers.epochs.state.Split), so a rank fetches each once.
+        self.read_window = shuffle_buffer * -(-1000 // shuffle_buffer) if shuffle_buffer else 1000
         self.seed = seed
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -221,15 +225,6 @@ class WdsStream(EpochSource, IterableDataset):
                     yield item
 
     # --- internals ----------------------------------------------------------------------
-    @property
-    def read_window(self) -> int:
-        """Positions read in one round from object storage: whole shuffle windows, at
-        least 1,000 samples. A rank's DataLoader workers take whole read windows of its
-        slice (:class:`readers.epochs.state.Split`), so each is fetched once per rank."""
-        if not self.shuffle_buffer:
-            return 1000
-        return self.shuffle_buffer * -(-1000 // self.shuffle_buffer)
-
     def _read_ahead(self, chunks: list[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
         """The chunks of one block read in one go: one at a time from local disk; from
         object storage all together, so that one round of merged range requests serves
