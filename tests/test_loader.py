@@ -130,8 +130,12 @@ def test_split_gives_every_rank_an_equal_share_and_resumes_exactly_on_any_world_
         read = Counter(p for o in orders for b in o[:k] for p in b)
         assert set(positions(left)) == set(positions(split.padded)) - set(read)
         # The same world and workers, given the turns: exactly the rest, in order.
-        same = Split(left, world, drop, batch, workers, window, split.turns_after(k))
+        same = Split(left, world, drop, batch, workers, window, *split.progress(k))
         assert [rank_order(same, r) for r in range(world)] == [o[k:] for o in orders]
+        k2 = rng.randint(0, same.batches - 1)  # and resumed again from the resumed run
+        rest = same.after(same.consumed(k2))
+        twice = Split(rest, world, drop, batch, workers, window, *same.progress(k2))
+        assert [rank_order(twice, r) for r in range(world)] == [o[k + k2 :] for o in orders]
         # Elastic: another world size continues with what is left, nothing lost.
         again = Split(left, rng.randint(1, 4), drop, batch, rng.randint(1, 3), window)
         rest = simulate(again, again.batches)

@@ -1,7 +1,8 @@
 """WdsStream with several DataLoader workers over several read windows: each worker reads
-whole read windows of its rank's slice (one round each from object storage), the real
-DataLoader yields exactly the order the plan says, and an epoch interrupted at any batch
-resumes to exactly the rest (same world and workers) or to every sample once (another).
+one contiguous part of its rank's slice, cut where a read window starts (one round a
+window from object storage), the real DataLoader yields exactly the order the plan says,
+and an epoch interrupted at any batch resumes to exactly the rest (same world and
+workers) or to every sample once (another).
 
 The request count against a real S3 server is in tests/test_object_storage.py.
 """
@@ -75,7 +76,7 @@ def batches_of(loader: Any, limit: int | None = None) -> list[list[str]]:
 
 
 def planned(tiles: Path, by_index: list[str], workers: int, rank: int, world: int) -> list:
-    """The rank's batches as the plan deals them: each worker's blocks, one batch of each
+    """The rank's batches as the plan deals them: each worker's part, one batch of each
     worker that has one left in turn, positions mapped through the stream's order."""
     manifest = readers.load_manifest(tiles)
     order = BlockOrder(tuple(s.samples for s in manifest.shards), SEED, 0, BUFFER)
@@ -90,8 +91,8 @@ def planned(tiles: Path, by_index: list[str], workers: int, rank: int, world: in
 
 def test_two_workers_each_read_whole_windows_and_the_dataloader_yields_the_plan(tiles, by_index):
     split = Split(((0, N),), 1, False, BATCH, 2, 1000)
-    blocks = [split.worker_blocks(0, worker) for worker in range(2)]
-    assert [[b[0][0] for b in worker] for worker in blocks] == [[0, 2000, 2400], [1000]]
+    assert split.part_sizes(0) == (125, 176)  # cut where window 1 starts; the short batch last
+    assert [split.worker_ranges(0, w) for w in range(2)] == [((0, 1000),), ((1000, N),)]
     got = batches_of(stream(tiles, 2))
     assert got == planned(tiles, by_index, 2, 0, 1)
     assert [len(b) for b in got[:-1]] == [BATCH] * (len(got) - 1) and len(got[-1]) == 3

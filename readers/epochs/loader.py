@@ -111,7 +111,7 @@ class Loader:
         split, batches = self._split, self._batches
         if split is None:
             return self._state
-        return self._state.advanced(split, split.consumed(batches), split.turns_after(batches))
+        return self._state.advanced(split, split.consumed(batches), split.progress(batches))
 
     def _restart(self, state: EpochState) -> None:
         self._state, self._split, self._batches = state, None, 0

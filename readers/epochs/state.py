@@ -16,16 +16,17 @@ The rule, shared by the map-style sampler and the stream:
   a saved state, so a run resumed on the same world size repeats exactly what the
   uninterrupted run would have.
 * Each rank yields its slice in batches (only the last one short): the sampler in order;
-  a stream with ``K`` DataLoader workers deals its slice to them in **blocks**, the whole
-  batches that start in one read window (``p // window``), block of window ``w`` to
-  worker ``(w - turn) % K``, the short last batch to the worker that yields last. Each
-  worker reads its blocks in order, one round of requests a block, and the DataLoader
-  takes one batch of each worker that has one left in turn: the rank yields ``K`` windows
-  interleaved (with one worker, or none, its slice in order).
+  a stream with ``K`` DataLoader workers cuts its slice into ``K`` contiguous **parts**,
+  one a worker, each cut at the batch that starts the read window nearest an even cut
+  (the part with the short batch at least as large as any, so that it ends last). A
+  worker reads its part in order, one round of requests a read window, and the DataLoader
+  takes one batch of each worker that has one left in turn: the rank yields its ``K``
+  parts interleaved (with one worker, or none, its slice in order).
 * A state saved mid-epoch by a stream with ``K > 1`` workers also stores, per rank, the
-  worker class that yields next (``turns``, with ``workers``); a run resumed with the same
-  world size and workers deals the rest with them and continues exactly as the
-  uninterrupted run would have; any other shape deals the rest afresh (every sample once).
+  batches left in each part and the part that yields next (``parts``, ``turns``, with
+  ``workers``); a run resumed with the same world size and workers deals the rest with
+  them and continues exactly as the uninterrupted run would have; any other shape cuts
+  the rest afresh (every sample once).
 
 A subset of a dataset (``make_loader(path, indices=...)``, a ``Subset``) is an epoch over
 its own ``N`` positions, each naming one of its samples; a state saved over it carries the
@@ -47,6 +48,7 @@ whole permutation, ``"permutation"``) goes on exactly as it would have.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from functools import cached_property
@@ -55,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from readers.epochs.ranges import Ranges, merge_adjacent, subtract, take, total
+from readers.epochs.ranges import Ranges, subtract, take, total
 
 __all__ = [
     "EpochSource",
@@ -108,8 +110,11 @@ class EpochState:
     remaining: Ranges
     order: str
     subset: str | None = None
-    workers: int = 1  # a stream's DataLoader workers, for which ``turns`` were counted
-    turns: tuple[int, ...] = ()  # per rank, see Split._deal (a stream with workers only)
+    # A stream read by several DataLoader workers, mid-epoch: their number, and per rank
+    # the batches left in each worker's part and the part that yields next (Split).
+    workers: int = 1
+    parts: tuple[tuple[int, ...], ...] = ()
+    turns: tuple[int, ...] = ()
 
     @classmethod
     def start(
@@ -127,23 +132,39 @@ class EpochState:
         """True when nothing of this epoch has been read yet."""
         return self.remaining == self.start_of(self.epoch).remaining
 
-    def advanced(self, split: Split, consumed: Ranges, turns: tuple[int, ...] = ()) -> EpochState:
-        """This state once ``consumed`` (from ``split``) is read, each rank's next worker
-        class being ``turns``: the next epoch's start once every rank has had its whole
-        slice."""
+    def advanced(
+        self,
+        split: Split,
+        consumed: Ranges,
+        progress: tuple[tuple[tuple[int, ...], ...], tuple[int, ...]] = ((), ()),
+    ) -> EpochState:
+        """This state once ``consumed`` (from ``split``) is read, ``progress`` being where
+        each rank's workers stand (:meth:`Split.progress`): the next epoch's start once
+        every rank has had its whole slice."""
         left = split.after(consumed)
         if not left:
             return self.start_of(self.epoch + 1)
-        workers = split.num_workers if turns else 1
+        parts, turns = progress
         return EpochState(
-            self.epoch, self.seed, self.num_samples, left, self.order, self.subset, workers, turns
+            self.epoch,
+            self.seed,
+            self.num_samples,
+            left,
+            self.order,
+            self.subset,
+            split.num_workers if parts else 1,
+            parts,
+            turns,
         )
 
-    def split_turns(self, world_size: int, num_workers: int) -> tuple[int, ...]:
-        """The turns to deal this state with: its own where they were counted for this
-        world and these workers; a resumed run of another shape deals afresh."""
-        fits = self.workers == num_workers and len(self.turns) == world_size
-        return self.turns if fits else ()
+    def progress_for(
+        self, world_size: int, num_workers: int
+    ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        """The parts and turns to deal this state with: its own where they were counted
+        for this world size and number of workers; none (deal afresh) otherwise."""
+        if self.workers == num_workers and len(self.parts) == world_size:
+            return self.parts, self.turns
+        return (), ()
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
         state = {
@@ -158,8 +179,9 @@ class EpochState:
         }
         if self.subset is not None:  # absent for the whole dataset, as before subsets
             state["subset"] = self.subset
-        if self.turns:  # a stream read by several workers, mid-epoch
-            state.update(workers=self.workers, turns=list(self.turns))
+        if self.parts:  # a stream read by several workers, mid-epoch
+            parts = [list(p) for p in self.parts]
+            state.update(workers=self.workers, parts=parts, turns=list(self.turns))
         return state
 
     @classmethod
@@ -181,6 +203,7 @@ class EpochState:
             stored_subset = state.get("subset")
             remaining = tuple((int(lo), int(hi)) for lo, hi in state["remaining"])
             workers = int(state.get("workers", 1))
+            parts = tuple(tuple(int(c) for c in p) for p in state.get("parts", ()))
             turns = tuple(int(t) for t in state.get("turns", ()))
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not an imgpack loader state: {e!r}") from None
@@ -203,25 +226,31 @@ class EpochState:
             raise ValueError("loader state has ranges outside the epoch")
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"loader state has an invalid epoch {epoch!r}")
-        if workers < 1 or not all(0 <= t < workers for t in turns):
-            raise ValueError(f"loader state has turns {list(turns)} outside {workers} workers")
-        return cls(epoch, seed, num_samples, remaining, order, subset, workers, turns)
+        if (
+            workers < 1
+            or len(parts) != len(turns)
+            or not all(len(p) == workers and min(p) >= 0 for p in parts)
+            or not all(0 <= t < workers for t in turns)
+        ):
+            raise ValueError(f"loader state has parts or turns that are not {workers} workers'")
+        return cls(epoch, seed, num_samples, remaining, order, subset, workers, parts, turns)
 
 
 @dataclass(frozen=True)
 class Split:
     """How one epoch's remaining positions are dealt to ranks, batches and (for a stream,
     whose DataLoader workers each read their own part) workers: with several workers, each
-    takes whole read windows of its rank's slice (:meth:`_deal`), so that a rank reads
-    every window in one round of requests."""
+    reads one contiguous part of its rank's slice (:meth:`part_sizes`), so that a rank
+    reads every read window in one round of requests."""
 
     remaining: Ranges
     world_size: int
     drop_last: bool
     batch_size: int = 1
-    num_workers: int = 1  # a stream's DataLoader workers, each reading whole blocks
-    window: int = 1  # positions per read window: a block is the batches starting in one
-    turns: tuple[int, ...] = ()  # per rank, the worker class yielding first (see _deal)
+    num_workers: int = 1  # a stream's DataLoader workers, each reading one part a rank
+    window: int = 1  # positions per read window, where parts are best cut
+    parts: tuple[tuple[int, ...], ...] = ()  # per rank, batches per part (see part_sizes)
+    turns: tuple[int, ...] = ()  # per rank, the part worker 0 reads (see worker_ranges)
 
     @property
     def per_rank(self) -> int:
@@ -249,80 +278,98 @@ class Split:
         """The positions rank ``rank`` yields, in the order of its slice."""
         return take(self.padded, rank * self.per_rank, self.per_rank)
 
-    def worker_blocks(self, rank: int, worker: int) -> list[Ranges]:
-        """The blocks worker ``worker`` reads of rank ``rank``'s slice (see :meth:`_deal`),
-        in the order of the slice: each one round of requests from object storage."""
-        mine = self.rank_ranges(rank)
-        return [take(mine, lo, hi - lo) for w, lo, hi in self._deal(rank) if w == worker]
-
     def worker_ranges(self, rank: int, worker: int) -> Ranges:
-        """The positions worker ``worker`` reads of rank ``rank``'s slice, in order."""
-        return merge_adjacent([r for b in self.worker_blocks(rank, worker) for r in b])
+        """The positions worker ``worker`` reads of rank ``rank``'s slice, in order: part
+        ``(worker + turn) % num_workers`` of it (see :meth:`part_sizes`)."""
+        part = (worker + self._turn(rank)) % self.num_workers
+        lo, hi = self._part_offsets(rank)[part]
+        return take(self.rank_ranges(rank), lo, hi - lo)
+
+    def part_sizes(self, rank: int) -> tuple[int, ...]:
+        """Batches in each of the ``num_workers`` contiguous parts of rank ``rank``'s slice,
+        in the order of the slice; each part is one worker's, so that a worker reads whole
+        read windows. Given (``parts``, from a state saved mid-epoch) or cut here: each cut
+        at the batch starting a read window nearest ``p / num_workers`` of the slice (the
+        parts then differ by about a window), and the part holding a short last batch
+        at least as large as any, so that the DataLoader yields that batch last, on every
+        rank as on every other."""
+        if self.parts:
+            return self.parts[rank]
+        if rank not in self._sizes:
+            self._sizes[rank] = self._cut(rank)
+        return self._sizes[rank]
 
     @cached_property
-    def _deals(self) -> dict[int, list[tuple[int, int, int]]]:
+    def _sizes(self) -> dict[int, tuple[int, ...]]:
         return {}
 
-    def _deal(self, rank: int) -> list[tuple[int, int, int]]:
-        """``(worker, start, stop)``: which worker reads each block of rank ``rank``'s slice
-        (offsets into the slice). A block is the whole batches that start in one read
-        window (positions ``p // window`` alike), so one round of requests serves it; a
-        block goes to worker ``(p // window - turn) % num_workers``, a rule of positions
-        that a resumed run, given the rank's ``turn``, deals the same way. A short last
-        batch is a block of its own, for the last worker with the most batches: the
-        DataLoader then yields it last, as every rank does."""
-        if rank not in self._deals:
-            self._deals[rank] = self._blocks(rank)
-        return self._deals[rank]
+    def _cut(self, rank: int) -> tuple[int, ...]:
+        batches, workers = self.batches, self.num_workers
+        base, extra = divmod(batches, workers)
+        even = [base + (p >= workers - extra) for p in range(workers)]  # the last ones larger
+        if workers == 1 or not batches:
+            return tuple(even)
+        starts = self._window_starts(rank)
+        cuts = [0]
+        for target in np.cumsum(even)[:-1].tolist():  # the window start nearest each even cut
+            inside = [b for b in starts if cuts[-1] < b < batches]
+            cut = min(inside, key=lambda b: abs(b - target)) if inside else target
+            cuts.append(max(cut, cuts[-1]))
+        cuts.append(batches)
+        if self.per_rank % self.batch_size:  # the part with the short batch must end last
+            before, last = cuts[-3], cuts[-2]
+            others = max((b - a for a, b in pairwise(cuts[:-2])), default=0)
+            fits = [
+                b for b in starts if before < b <= last and batches - b >= max(others, b - before)
+            ]
+            if not fits:
+                return tuple(even)
+            cuts[-2] = max(fits)
+        return tuple(b - a for a, b in pairwise(cuts))
 
-    def _blocks(self, rank: int) -> list[tuple[int, int, int]]:
-        length, batch, workers = self.per_rank, self.batch_size, self.num_workers
-        if not length:
-            return []
+    def _window_starts(self, rank: int) -> list[int]:
+        """The batches of rank ``rank``'s slice that are the first to start in their read
+        window (positions ``p // window``): where a part may begin without sharing a
+        window with the part before (but for the few positions of a batch that straddles
+        the window's start)."""
         mine = self.rank_ranges(rank)
         lows = np.array([lo for lo, _ in mine], np.int64)
         ends = np.cumsum([hi - lo for lo, hi in mine], dtype=np.int64)
-        full = length - length % batch
-        offsets = np.arange(0, full, batch, dtype=np.int64)
+        offsets = np.arange(0, self.per_rank, self.batch_size, dtype=np.int64)
         range_of = np.searchsorted(ends, offsets, side="right")
-        first = lows[range_of] + offsets - np.r_[0, ends[:-1]][range_of]  # each batch's
-        keys = first // self.window
-        bounds = [0, *(np.flatnonzero(np.diff(keys)) + 1).tolist(), len(offsets)]
-        turn = self.turns[rank] if self.turns else 0
-        blocks = [
-            (int(keys[a] - turn) % workers, a * batch, b * batch)
-            for a, b in pairwise(bounds)
-            if b > a
-        ]
-        if full < length:
-            counts = self._batch_counts(blocks)
-            top = max(counts)
-            blocks.append((max(w for w in range(workers) if counts[w] == top), full, length))
-        return blocks
+        first = lows[range_of] + offsets - np.r_[0, ends[:-1]][range_of]
+        return (np.flatnonzero(np.diff(first // self.window)) + 1).tolist()
 
-    def _batch_counts(self, blocks: list[tuple[int, int, int]]) -> list[int]:
-        counts = [0] * self.num_workers
-        for worker, lo, hi in blocks:
-            counts[worker] += -(-(hi - lo) // self.batch_size)
-        return counts
+    def _part_offsets(self, rank: int) -> list[tuple[int, int]]:
+        """``[start, stop)`` of each part, as offsets into rank ``rank``'s slice."""
+        edges = [0, *np.cumsum(self.part_sizes(rank)).tolist()]
+        return [
+            (min(a * self.batch_size, self.per_rank), min(b * self.batch_size, self.per_rank))
+            for a, b in pairwise(edges)
+        ]
+
+    def _turn(self, rank: int) -> int:
+        return self.turns[rank] if self.turns else 0
 
     def _yields(self, rank: int, batches: int) -> tuple[list[int], int | None]:
-        """Batches each worker of rank ``rank`` has yielded after the rank's first
-        ``batches``, and the worker yielding next (None: none left). The DataLoader takes
-        one batch of each worker that has one left, in turn."""
-        counts = self._batch_counts(self._deal(rank))
-        low, high = 0, max(counts)  # the last round every worker with batches took part in
+        """Batches yielded from each part of rank ``rank``'s slice after the rank's first
+        ``batches``, and the part yielding next (None: none left). The DataLoader takes one
+        batch of each worker that has one left, in turn, from worker 0; worker ``j`` reads
+        part ``(j + turn) % num_workers``."""
+        sizes, workers, turn = self.part_sizes(rank), self.num_workers, self._turn(rank)
+        turns = [(j + turn) % workers for j in range(workers)]  # the parts, in turn
+        low, high = 0, max(sizes)  # whole rounds: every part with batches left gave one
         while low < high:
             middle = (low + high + 1) // 2
-            if sum(min(c, middle) for c in counts) <= batches:
+            if sum(min(c, middle) for c in sizes) <= batches:
                 low = middle
             else:
                 high = middle - 1
-        done = [min(c, low) for c in counts]
-        live = [w for w, c in enumerate(counts) if c > low]
+        done = [min(c, low) for c in sizes]
+        live = [p for p in turns if sizes[p] > low]
         left = batches - sum(done)
-        for worker in live[:left]:
-            done[worker] += 1
+        for part in live[:left]:
+            done[part] += 1
         return done, live[left] if left < len(live) else None
 
     def consumed(self, batches: int) -> Ranges:
@@ -331,23 +378,25 @@ class Split:
             return self.consumed_samples(batches * self.batch_size)
         out: list[tuple[int, int]] = []
         for rank in range(self.world_size):
+            mine = self.rank_ranges(rank)
             done, _ = self._yields(rank, batches)
-            for worker, count in enumerate(done):
-                read = self.worker_ranges(rank, worker)
-                out.extend(take(read, 0, min(count * self.batch_size, total(read))))
+            for (lo, hi), count in zip(self._part_offsets(rank), done, strict=True):
+                out.extend(take(mine, lo, min(count * self.batch_size, hi - lo)))
         return tuple(out)
 
-    def turns_after(self, batches: int) -> tuple[int, ...]:
-        """Each rank's ``turn`` once it has yielded ``batches``: the worker class (see
-        :meth:`_deal`) that yields next, so that a resumed run's worker 0 is that one."""
+    def progress(self, batches: int) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        """What a resumed run needs to deal the rest as this one would have, after
+        ``batches`` batches on every rank: per rank, the batches left in each part and the
+        part that yields next (nothing with one worker: the rest is the slice, in order)."""
         if self.num_workers == 1:
-            return ()
-        turns = []
+            return (), ()
+        parts, turns = [], []
         for rank in range(self.world_size):
-            _, following = self._yields(rank, batches)
-            turn = self.turns[rank] if self.turns else 0
-            turns.append(0 if following is None else (turn + following) % self.num_workers)
-        return tuple(turns)
+            done, following = self._yields(rank, batches)
+            sizes = self.part_sizes(rank)
+            parts.append(tuple(c - d for c, d in zip(sizes, done, strict=True)))
+            turns.append(0 if following is None else following)
+        return tuple(parts), tuple(turns)
 
     def consumed_samples(self, samples: int) -> Ranges:
         """Positions every rank together has yielded after ``samples`` samples each."""
@@ -403,12 +452,15 @@ class EpochSource:
         ``num_workers`` DataLoader workers per rank (a stream's; a sampler deals in the
         training process)."""
         state = state or self._state
-        return Split(
+        fresh = Split(
             state.remaining,
             self.world_size,
             self.drop_last,
             self.batch_size or 1,
             num_workers,
             self.read_window,
-            state.split_turns(self.world_size, num_workers),
         )
+        parts, turns = state.progress_for(self.world_size, num_workers)
+        if not all(sum(p) == fresh.batches for p in parts):
+            return fresh  # parts of another split: deal the rest afresh
+        return dataclasses.replace(fresh, parts=parts, turns=turns)

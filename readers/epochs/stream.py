@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset
 from readers.dataset import Transform, WdsDataset
 from readers.epochs.order import BlockOrder
 from readers.epochs.placement import Placement, current_worker, visible_world_size
-from readers.epochs.ranges import Ranges, take, total, wrapped
+from readers.epochs.ranges import take, total, wrapped
 from readers.epochs.state import EpochSource, EpochState, require_full_batches
 from readers.formats import RangedWdsShard, ShardReader, open_local_shard
 from readers.images.crop import Crop
@@ -45,12 +45,12 @@ class WdsStream(EpochSource, IterableDataset):
     Each epoch, shards are taken in a seeded order and the samples inside every window of
     ``shuffle_buffer`` consecutive samples come out permuted; the order depends only on
     ``seed`` and the epoch. Ranks take equal contiguous slices of it (see
-    :mod:`readers.epochs.state`). Each DataLoader worker takes the whole batches that start
-    in every ``num_workers``-th read window of its rank's slice (``read_window``: whole
-    shuffle windows, 1,000 samples at least), so that a rank fetches each window once, in
-    one round; the DataLoader takes one batch of each worker in turn, so with several
-    workers a rank yields the batches of ``num_workers`` windows interleaved (the same in
-    every run, and after a resume with as many ranks and workers).
+    :mod:`readers.epochs.state`). Each DataLoader worker reads one contiguous part of its
+    rank's slice, cut where a read window starts (``read_window``: whole shuffle windows,
+    1,000 samples at least), so that a rank fetches each window once, in one round; the
+    DataLoader takes one batch of each worker in turn, so with several workers a rank
+    yields its ``num_workers`` parts interleaved (the same in every run, and after a resume
+    with as many ranks and workers).
 
     Args:
         root: the dataset folder (the one holding ``imgpack.json``), or its URL
@@ -111,8 +111,9 @@ class WdsStream(EpochSource, IterableDataset):
         self.transform = transform
         self.shuffle_buffer = shuffle_buffer
         # Positions read in one round from object storage: whole shuffle windows, 1,000
-        # samples at least. A rank's DataLoader workers take whole read windows of its
-        # slice (readers.epochs.state.Split), so a rank fetches each once.
+        # samples at least. A rank's DataLoader workers each read a part of its slice cut
+        # where a read window starts (readers.epochs.state.Split), so a rank fetches each
+        # window once.
         self.read_window = shuffle_buffer * -(-1000 // shuffle_buffer) if shuffle_buffer else 1000
         self.seed = seed
         self.batch_size = batch_size
@@ -201,9 +202,8 @@ class WdsStream(EpochSource, IterableDataset):
                 state = self._worker_state()
             else:  # this worker's own state, loaded in this worker
                 state, skip, self._skip = self._state, self._skip, None
-        blocks = _without_first(
-            self.split(state, num_workers).worker_blocks(self.rank, worker), skip
-        )
+        mine = self.split(state, num_workers).worker_ranges(self.rank, worker)
+        mine = wrapped(take(mine, skip, total(mine) - skip), self.num_samples)
         order = BlockOrder(
             tuple(s.samples for s in self.manifest.shards),
             self.seed,
@@ -212,27 +212,31 @@ class WdsStream(EpochSource, IterableDataset):
         )
         self._iterating, self._yielded = state, skip
         self._dataset.set_epoch(state.epoch)
+        chunks = [chunk for lo, hi in mine for chunk in order.chunks(lo, hi)]
         ds = self._dataset
-        for block in blocks:
-            chunks = [
-                c for lo, hi in wrapped(block, self.num_samples) for c in order.chunks(lo, hi)
-            ]
-            for group in self._read_ahead(chunks):
-                indices = np.concatenate([order.indices(a, b) for a, b in group]).tolist()
-                for index, value in zip(indices, ds.read_stored(indices), strict=True):
-                    item = ds.serve(value, index)
-                    self._yielded += 1  # before the yield: a state taken now counts it
-                    yield item
+        for group in self._read_ahead(chunks):
+            indices = np.concatenate([order.indices(a, b) for a, b in group]).tolist()
+            for index, value in zip(indices, ds.read_stored(indices), strict=True):
+                item = ds.serve(value, index)
+                self._yielded += 1  # before the yield: a state taken now counts it
+                yield item
 
     # --- internals ----------------------------------------------------------------------
     def _read_ahead(self, chunks: list[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
-        """The chunks of one block read in one go: one at a time from local disk; from
-        object storage all together, so that one round of merged range requests serves
-        the block (see :mod:`readers.storage.remote`)."""
+        """The chunks read in one go: one at a time from local disk; from object storage,
+        all of this worker's chunks in one read window, so that one round of merged range
+        requests serves them (see :mod:`readers.storage.remote`)."""
         if self.manifest.url is None:
             yield from ([c] for c in chunks)
-        elif chunks:
-            yield chunks
+            return
+        group: list[tuple[int, int]] = []
+        for a, b in chunks:
+            if group and a // self.read_window != group[0][0] // self.read_window:
+                yield group
+                group = []
+            group.append((a, b))
+        if group:
+            yield group
 
     def _publish(self) -> None:
         """Write epoch, placement and state version where every worker reads them."""
@@ -289,17 +293,6 @@ class WdsStream(EpochSource, IterableDataset):
                 UserWarning,
                 stacklevel=3,
             )
-
-
-def _without_first(blocks: list[Ranges], count: int) -> list[Ranges]:
-    """``blocks`` less their first ``count`` positions (what a worker already yielded)."""
-    out = []
-    for block in blocks:
-        size = total(block)
-        if count < size:
-            out.append(take(block, count, size - count))
-        count = max(count - size, 0)
-    return out
 
 
 def open_by_ranges(manifest: Manifest, index: int) -> ShardReader:
