@@ -8,9 +8,11 @@ resume:   a state saved on 8 ranks after 40 steps of 256, loaded on 12 ranks: th
           child also runs on REV's ``readers`` (before the keyed order: the whole
           permutation), except at 1 B, where that permutation alone is 8 GB.
 requests: range GETs of tars per epoch of ``WdsStream`` from a loopback S3 server (moto):
-          8,000 small tiles in ``wds`` shards of 1,000, shuffle window 1,000, batch 64, 2
-          ranks, 0, 2 and 4 DataLoader workers per rank; with ``--rev`` REV's too. The
-          lower bound: one request per shard in each read window of a rank's slice.
+          20,000 small tiles in ``wds`` shards of 1,000, shuffle window 1,000, 2 ranks (ten
+          read windows each), batch 50 (which divides the window and the slice) and 64
+          (which does not), 0, 2 and 4 DataLoader workers per rank; with ``--rev`` REV's
+          too. The lower bound: one request per shard in each read window of a rank's
+          slice (tiny samples: every gap is under the 1 MiB merge gap).
 
     .venv/bin/python -m scripts.bench.epochs [--rev 6f7a554] [--repeats 3] [--json F]
 """
@@ -33,7 +35,8 @@ from scripts.bench.common import machine_info, markdown_table, print_machine, wr
 SIZES = (1_281_167, 100_000_000, 1_000_000_000)
 PERMUTATION_LIMIT = 100_000_000  # the old order is not run beyond: 8 bytes a sample
 BATCH, STEPS, SAVED_ON, RESUMED_ON = 256, 40, 8, 12
-TILES, SHARD, WINDOW, STREAM_BATCH, RANKS = 8000, 1000, 1000, 64, 2
+TILES, SHARD, WINDOW, RANKS = 20_000, 1000, 1000, 2
+STREAM_BATCHES = (50, 64)
 
 
 def rss_kib(field: str) -> int:
@@ -70,14 +73,14 @@ def child_resume(num_samples: int) -> None:
     )
 
 
-def child_stream(url: str, rank: int, workers: int) -> None:
+def child_stream(url: str, rank: int, workers: int, batch: int) -> None:
     """Read rank ``rank``'s epoch of the stream at ``url`` (the parent counts requests)."""
     import readers
     from scripts.bench.child import emit
 
     loader = readers.make_loader(
         url,
-        STREAM_BATCH,
+        batch,
         stream=True,
         shuffle_buffer=WINDOW,
         seed=1,
@@ -161,14 +164,14 @@ def request_rows(trees: dict[str, Path]) -> list[list[Any]]:
             )
 
         bound = sum(lower_bound(url, rank) for rank in range(RANKS))
-        for workers in (0, 2, 4):
+        for batch, workers in itertools.product(STREAM_BATCHES, (0, 2, 4)):
             for name, tree in trees.items():
                 before, samples = tar_gets(), 0
                 for rank in range(RANKS):
-                    args = ["child-stream", url, str(rank), str(workers)]
+                    args = ["child-stream", url, str(rank), str(workers), str(batch)]
                     samples += run_child(tree, "epochs", args)["samples"]
                 gets = tar_gets() - before
-                rows.append([workers, name, samples, gets, bound, gets / bound])
+                rows.append([batch, workers, name, samples, gets, bound, gets / bound])
                 print("  ", rows[-1], flush=True)
     return rows
 
@@ -185,7 +188,7 @@ def main() -> None:
         if what == "child-resume":
             child_resume(int(rest[0]))
         else:
-            child_stream(rest[0], int(rest[1]), int(rest[2]))
+            child_stream(rest[0], int(rest[1]), int(rest[2]), int(rest[3]))
         return
     from scripts.bench import ab
     from scripts.bench.settings import ROOT
@@ -211,6 +214,7 @@ def main() -> None:
     print(
         markdown_table(
             [
+                "batch",
                 "workers / rank",
                 "code",
                 "samples read",
