@@ -64,12 +64,14 @@ class FeistelOrder:
     """A seeded bijection of ``[0, N)``, keyed by (seed, epoch): position ``p`` names the
     sample ``f(p)``, computed for any array of positions at once without building the order.
 
-    ``f`` is a balanced Feistel network over the smallest even number of bits ``2h`` with
-    ``2**(2h) >= N`` (six rounds, each mixing the right half with a round key through a
-    64-bit finaliser), which permutes ``[0, 2**(2h))``; *cycle-walking* applies it again to
-    any value ``>= N`` until it lands inside, which keeps it a bijection of ``[0, N)``.
-    ``2**(2h) < 4N``, so a position takes fewer than four walks on average. Memory is the
-    positions asked for; the time to resume at any position is that of one batch.
+    ``f`` is a Feistel network over the ``b`` bits of ``N - 1`` (a left half of ``b // 2``
+    bits, a right half of the rest): six rounds, each XOR-ing one half, in turn, with the
+    other half mixed with a round key through splitmix64's 64-bit finaliser, so each round
+    is undone by repeating it and the network permutes ``[0, 2**b)``. *Cycle-walking*
+    sends a value ``>= N`` through the network again until it lands inside, which keeps
+    ``f`` a bijection of ``[0, N)``; ``2**b < 2N``, so a position takes fewer than two
+    passes on average. Memory is the positions asked for; the time to resume at any
+    position is that of one batch.
     """
 
     num_samples: int
@@ -78,30 +80,43 @@ class FeistelOrder:
     rounds: ClassVar[int] = 6
 
     @cached_property
-    def _half_bits(self) -> int:
+    def _halves(self) -> tuple[np.uint64, np.uint64, np.uint64]:
+        """The right half's width, and the masks of the left and right halves."""
         bits = max(1, (self.num_samples - 1).bit_length())
-        return (bits + 1) // 2
+        right = bits - bits // 2
+        left_mask = (1 << (bits // 2)) - 1
+        return np.uint64(right), np.uint64(left_mask), np.uint64((1 << right) - 1)
 
     @cached_property
     def _keys(self) -> list[np.uint64]:
         sequence = np.random.SeedSequence([self.seed, self.epoch, 0xFE15])
         return [np.uint64(k) for k in sequence.generate_state(self.rounds, np.uint64)]
 
-    def _round(self, right: np.ndarray, key: np.uint64) -> np.ndarray:
-        """The round function: the right half and the key through splitmix64's finaliser."""
-        z = (right ^ key) * np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+    @staticmethod
+    def _mix(half: np.ndarray, key: np.uint64, mask: np.uint64) -> np.ndarray:
+        """The round function: ``half`` and the key through splitmix64's finaliser."""
+        z = half ^ key
+        z *= np.uint64(0x9E3779B97F4A7C15)
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        z &= mask
+        return z
 
     def _network(self, x: np.ndarray) -> np.ndarray:
-        """One pass of the Feistel network: a permutation of ``[0, 2**(2h))``."""
-        half = np.uint64(self._half_bits)
-        mask = np.uint64((1 << self._half_bits) - 1)
-        left, right = x >> half, x & mask
-        for key in self._keys:
-            left, right = right, left ^ (self._round(right, key) & mask)
-        return (left << half) | right
+        """One pass of the network: a permutation of ``[0, 2**b)``."""
+        shift, left_mask, right_mask = self._halves
+        left, right = x >> shift, x & right_mask
+        for i, key in enumerate(self._keys):
+            if i % 2:
+                right ^= self._mix(left, key, right_mask)
+            else:
+                left ^= self._mix(right, key, left_mask)
+        left <<= shift
+        left |= right
+        return left
 
     def indices(self, positions: np.ndarray) -> np.ndarray:
         """The sample at each position (an int64 array of positions in ``[0, N)``)."""
