@@ -7,6 +7,8 @@ resume:   a state saved on 8 ranks after 40 steps of 256, loaded on 12 ranks: th
           1 B samples (simulated: ``EpochSampler(N)``, no data). With ``--rev REV`` the same
           child also runs on REV's ``readers`` (before the keyed order: the whole
           permutation), except at 1 B, where that permutation alone is 8 GB.
+iterate:  indices/s of ``EpochSampler`` over whole epochs of 1.28 M (one process, three
+          epochs, the median), this tree and REV.
 requests: range GETs of tars per epoch of ``WdsStream`` from a loopback S3 server (moto):
           20,000 small tiles in ``wds`` shards of 1,000, shuffle window 1,000, 2 ranks (ten
           read windows each), batch 50 (which divides the window and the slice) and 64
@@ -15,6 +17,7 @@ requests: range GETs of tars per epoch of ``WdsStream`` from a loopback S3 serve
           slice (tiny samples: every gap is under the 1 MiB merge gap).
 
     .venv/bin/python -m scripts.bench.epochs [--rev 6f7a554] [--repeats 3] [--json F]
+        [--only resume,iterate,requests]
 """
 
 from __future__ import annotations
@@ -71,6 +74,32 @@ def child_resume(num_samples: int) -> None:
         order=json.loads(state).get("order", "permutation (version 1)"),
         first=batch[0],
     )
+
+
+def child_iterate(num_samples: int) -> None:
+    """Indices/s of whole epochs of the sampler (the median of three)."""
+    from readers import EpochSampler
+    from scripts.bench.child import emit
+
+    sampler = EpochSampler(num_samples, seed=0, rank=0, world_size=1)
+    rates = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        start = time.perf_counter()
+        count = sum(1 for _ in sampler)
+        rates.append(count / (time.perf_counter() - start))
+    emit(rate=statistics.median(rates), unit="indices/s")
+
+
+def iterate_rows(trees: dict[str, Path], repeats: int) -> list[list[Any]]:
+    from scripts.bench.ab import run_child
+
+    rows = []
+    for name, tree in trees.items():
+        runs = [run_child(tree, "epochs", ["child-iterate", str(SIZES[0])]) for _ in range(repeats)]
+        rows.append([f"{SIZES[0]:,}", name, statistics.median(r["rate"] for r in runs) / 1e6])
+        print("  ", rows[-1], flush=True)
+    return rows
 
 
 def child_stream(url: str, rank: int, workers: int, batch: int) -> None:
@@ -181,12 +210,15 @@ def main() -> None:
     p.add_argument("--rev", help="also run the children on this commit's readers")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path)
+    p.add_argument("--only", default="resume,iterate,requests", help="the parts to run")
     p.add_argument("child", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         what, *rest = args.child
         if what == "child-resume":
             child_resume(int(rest[0]))
+        elif what == "child-iterate":
+            child_iterate(int(rest[0]))
         else:
             child_stream(rest[0], int(rest[1]), int(rest[2]), int(rest[3]))
         return
@@ -197,10 +229,12 @@ def main() -> None:
     print_machine(info)
     with ab.worktree(args.rev) if args.rev else contextlib.nullcontext() as old:
         trees = {"this tree": ROOT, **({args.rev: old} if args.rev else {})}
-        resume = resume_rows(trees, args.repeats)
-        requests = request_rows(trees)
-    print(
-        markdown_table(
+        parts = args.only.split(",")
+        resume = resume_rows(trees, args.repeats) if "resume" in parts else []
+        iterate = iterate_rows(trees, args.repeats) if "iterate" in parts else []
+        requests = request_rows(trees) if "requests" in parts else []
+    tables = [
+        (
             [
                 "samples",
                 "code (order)",
@@ -209,10 +243,9 @@ def main() -> None:
                 "state, bytes",
             ],
             resume,
-        )
-    )
-    print(
-        markdown_table(
+        ),
+        (["samples", "code", "M indices/s"], iterate),
+        (
             [
                 "batch",
                 "workers / rank",
@@ -223,9 +256,14 @@ def main() -> None:
                 "ratio",
             ],
             requests,
-        )
+        ),
+    ]
+    for headers, rows in tables:
+        if rows:
+            print(markdown_table(headers, rows))
+    write_json(
+        args.json, {"machine": info, "resume": resume, "iterate": iterate, "requests": requests}
     )
-    write_json(args.json, {"machine": info, "resume": resume, "requests": requests})
 
 
 if __name__ == "__main__":
