@@ -80,19 +80,26 @@ def take_batches(loader: Any, k: int) -> list[list[str]]:
 
 
 # --- the plan ---------------------------------------------------------------------------------
-def simulate(split: Split, batches: int, workers: int) -> Counter:
-    """Positions yielded by every rank after ``batches`` batches, the DataLoader's way:
-    one batch of each worker in turn (independently of ``Split.consumed``)."""
-    batch = split.batch_size
+def simulate(split: Split, batches: int) -> Counter:
+    """Positions yielded by every rank after ``batches`` batches, the DataLoader's way: one
+    batch of each worker that has one left, in turn (independently of ``Split.consumed``)."""
     seen: Counter = Counter()
     for rank in range(split.world_size):
-        streams = [
-            positions(split.worker_ranges(rank, k, workers)).tolist() for k in range(workers)
-        ]
-        for b in range(batches):
-            k, i = b % workers, b // workers
-            seen.update(streams[k][i * batch : (i + 1) * batch])
+        seen.update(p for b in rank_order(split, rank)[:batches] for p in b)
     return seen
+
+
+def rank_order(split: Split, rank: int) -> list[list[int]]:
+    """Rank ``rank``'s batches (lists of positions) in the order its DataLoader yields them."""
+    batch = split.batch_size
+    streams = []
+    for worker in range(split.num_workers):
+        read = positions(split.worker_ranges(rank, worker)).tolist()
+        streams.append([read[i : i + batch] for i in range(0, len(read), batch)])
+    out = []
+    for turn in range(max(len(s) for s in streams)):
+        out.extend(s[turn] for s in streams if turn < len(s))
+    return out
 
 
 def test_split_gives_every_rank_an_equal_share_and_resumes_exactly_on_any_world_size():
@@ -100,8 +107,13 @@ def test_split_gives_every_rank_an_equal_share_and_resumes_exactly_on_any_world_
     for _ in range(2000):
         n, world = rng.randint(1, 50), rng.randint(1, 4)
         batch, workers, drop = rng.randint(1, 6), rng.randint(1, 3), rng.random() < 0.5
-        split = Split(EpochState.start(0, 0, n).remaining, world, drop, batch)
-        everything = simulate(split, split.batches, workers)
+        window = rng.randint(1, 12)
+        start = EpochState.start(0, 0, n, "windows").remaining
+        split = Split(start, world, drop, batch, workers, window)
+        orders = [rank_order(split, r) for r in range(world)]
+        assert [len(o) for o in orders] == [split.batches] * world
+        assert all(len(b) == batch for o in orders for b in o[:-1])  # one short batch at most
+        everything = Counter(p for o in orders for b in o for p in b)
         shares = [total(split.rank_ranges(r)) for r in range(world)]
         assert shares == [split.per_rank] * world
         samples = Counter(p % n for p in everything.elements())
@@ -115,14 +127,20 @@ def test_split_gives_every_rank_an_equal_share_and_resumes_exactly_on_any_world_
             assert left == ()
             continue
         # Left: every position not yet read (with drop_last, the dropped ones too).
-        assert set(positions(left)) == set(positions(split.padded)) - set(
-            simulate(split, k, workers)
-        )
+        read = Counter(p for o in orders for b in o[:k] for p in b)
+        assert set(positions(left)) == set(positions(split.padded)) - set(read)
+        # The same world and workers, given the turns: exactly the rest, in order.
+        same = Split(left, world, drop, batch, workers, window, *split.progress(k))
+        assert [rank_order(same, r) for r in range(world)] == [o[k:] for o in orders]
+        k2 = rng.randint(0, same.batches - 1)  # and resumed again from the resumed run
+        rest = same.after(same.consumed(k2))
+        twice = Split(rest, world, drop, batch, workers, window, *same.progress(k2))
+        assert [rank_order(twice, r) for r in range(world)] == [o[k + k2 :] for o in orders]
         # Elastic: another world size continues with what is left, nothing lost.
-        again = Split(left, rng.randint(1, 4), drop, batch)
-        rest = simulate(again, again.batches, rng.randint(1, 3))
+        again = Split(left, rng.randint(1, 4), drop, batch, rng.randint(1, 3), window)
+        rest = simulate(again, again.batches)
         if not drop:
-            covered = {p % n for p in simulate(split, k, workers)} | {p % n for p in rest}
+            covered = {p % n for p in read} | {p % n for p in rest}
             assert covered == set(range(n))
 
 

@@ -16,11 +16,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from PIL import Image
 from torch.utils.data import DataLoader
 
 import readers
@@ -28,9 +31,10 @@ from convert import ConvertOptions, convert_folder
 from convert.cli import main
 from convert.journal import ENTRY_PREFIX
 from readers import spec
+from readers.epochs.order import BlockOrder
 from readers.storage.cache import ShardCache
 from readers.storage.remote import RemoteFolder
-from scripts.s3_server import local_s3_server
+from scripts.s3_server import S3Server, local_s3_server
 from tests.conftest import SAMPLE_DATA
 
 BUCKET = "imgpack-test"
@@ -296,3 +300,63 @@ def test_bench_measures_a_dataset_in_the_bucket(s3_server, tmp_path):
     assert "wds (wds) stream" in result.output
     missing = CliRunner().invoke(main, ["bench", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def _tar_gets(server: S3Server, prefix: str) -> int:
+    """The GETs of tars (byte ranges of samples; not their indexes) under ``prefix``."""
+    return sum(
+        r.method == "GET" and r.target.startswith(prefix) and r.target.endswith(".tar")
+        for r in server.requests()
+    )
+
+
+def _windows_times_shards(url: str, rank: int, world: int, batch: int, buffer: int) -> int:
+    """Requests if rank ``rank`` reads each read window once: per window of its slice, one
+    merged request per shard its samples there lie in (tiny samples: gaps < 1 MiB)."""
+    manifest = readers.load_manifest(url)
+    stream = readers.WdsStream(
+        url, shuffle_buffer=buffer, seed=3, batch_size=batch, rank=rank, world_size=world
+    )
+    ((lo, hi),) = stream.split().rank_ranges(rank)
+    shard_of = np.repeat(np.arange(len(manifest.shards)), [s.samples for s in manifest.shards])
+    order = BlockOrder(tuple(s.samples for s in manifest.shards), 3, 0, buffer)
+    window = stream.read_window
+    cuts = sorted({lo, hi, *range(lo - lo % window + window, hi, window)})
+    return sum(
+        len({int(shard_of[i]) for c in order.chunks(a, b) for i in order.indices(*c)})
+        for a, b in pairwise(cuts)
+    )
+
+
+def test_wds_stream_fetches_each_read_window_once_per_rank_with_two_workers(s3_server, tmp_path):
+    source = tmp_path / "tiles"
+    for i in range(2400):  # 2 ranks x 1,200: each rank's slice spans two read windows
+        folder = source / f"class{i % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8), (i % 256, i // 256, 7)).save(folder / f"{i:05d}.png")
+    url = f"s3://{BUCKET}/requests/wds"
+    options = ConvertOptions("wds", shard_size=300, shuffle=True)
+    convert_folder(source, url, options, workers=2, progress=False)
+    server = s3_server
+    prefix = f"/{url.removeprefix('s3://')}/"
+    seen = 0
+    for rank in range(2):
+        loader = readers.make_loader(
+            url,
+            8,
+            stream=True,
+            shuffle_buffer=250,
+            seed=3,
+            num_workers=2,
+            rank=rank,
+            world_size=2,
+            multiprocessing_context="fork",
+            decode=False,
+        )
+        before = _tar_gets(server, prefix)
+        seen += sum(len(labels) for _, labels in loader)
+        got = _tar_gets(server, prefix) - before
+        expected = _windows_times_shards(url, rank, 2, 8, 250)
+        print(f"rank {rank}: {got} tar GETs for the epoch, {expected} windows x shards")
+        assert got == expected, rank
+    assert seen == 2400

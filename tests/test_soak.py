@@ -3,7 +3,9 @@ DataLoader workers, for every reader (the map-style class of each format and Wds
 
 Each epoch must serve every sample exactly once, with the pixels and label a direct read
 gives; the open file descriptors and file mappings of the main process and of each worker
-must be the same in the last epoch as in the first, and their RSS about the same: a handle
+must be the same in the last epoch as in the first (on shard files: as many per shard
+file, since a stream's worker may read shards new to it later), and their RSS about the
+same: a handle
 kept per batch, per epoch or per worker start shows up as growth. Workers run once
 persistent (their own leaks add up across epochs) and once restarted every epoch (the main
 process's leaks add up).
@@ -71,7 +73,9 @@ class ProcessState:
 
     worker: int  # DataLoader worker id; -1 for the main process
     pid: int
-    fds: int  # open file descriptors
+    fds: int  # open file descriptors, but for those on shard files
+    shard_fds: int  # open file descriptors on shard files
+    shard_files: int  # the distinct shard files those name
     mappings: int  # memory-mapped regions of files (an mmap'd shard holds no fd)
     rss: int  # bytes
 
@@ -85,17 +89,21 @@ def process_state(busy: bool) -> ProcessState:
     over: how many are open depends on how far ahead the workers are, not on leaks."""
     excluded = TRANSPORT if busy else ()
     fd_dir = "/proc/self/fd"
-    fds = 0
+    targets = []
     for name in os.listdir(fd_dir):
         with contextlib.suppress(FileNotFoundError):  # closed meanwhile, as listdir's own is
-            fds += not os.readlink(f"{fd_dir}/{name}").startswith(excluded)
+            targets.append(os.readlink(f"{fd_dir}/{name}"))
+    targets = [t for t in targets if not t.startswith(excluded)]
+    shards = [t for t in targets if "/shard-" in t]
     with open("/proc/self/maps", encoding="utf-8") as f:
         mapped = [fields[5] for fields in map(str.split, f) if len(fields) > 5]
     mappings = sum(path.startswith("/") and not path.startswith(excluded) for path in mapped)
     with open("/proc/self/statm", encoding="ascii") as f:
         rss = int(f.read().split()[1]) * PAGE_SIZE
     info = get_worker_info()
-    return ProcessState(-1 if info is None else info.id, os.getpid(), fds, mappings, rss)
+    fds = len(targets) - len(shards)
+    worker = -1 if info is None else info.id
+    return ProcessState(worker, os.getpid(), fds, len(shards), len(set(shards)), mappings, rss)
 
 
 @dataclass
@@ -155,11 +163,18 @@ class EpochRecord:
 
 
 def peak(a: ProcessState, b: ProcessState) -> ProcessState:
-    """The larger of each count of one worker at two moments. Workers open shards lazily:
-    by the end of the first epoch each has opened all it reads, and its peak counts them all."""
+    """The larger of each count of one worker at two moments. Workers open shards lazily
+    and keep them open: a map-style worker has opened every shard by the end of the first
+    epoch; a stream's worker reads one part of its rank's slice each epoch, and may open
+    shards new to it later (as many handles per shard file as before: checked instead)."""
     assert a.pid == b.pid, f"worker {a.worker} changed pid within an epoch"
     return replace(
-        a, fds=max(a.fds, b.fds), mappings=max(a.mappings, b.mappings), rss=max(a.rss, b.rss)
+        a,
+        fds=max(a.fds, b.fds),
+        shard_fds=max(a.shard_fds, b.shard_fds),
+        shard_files=max(a.shard_files, b.shard_files),
+        mappings=max(a.mappings, b.mappings),
+        rss=max(a.rss, b.rss),
     )
 
 
@@ -372,4 +387,10 @@ def test_epochs_serve_each_sample_once_without_growing_fds_or_rss(
         change = f"{who}: {describe([before])} in epoch 1, {describe([after])} in the last"
         # no growth (a restarted worker is a new process: it may map a page or two less)
         assert after.fds <= before.fds and after.mappings <= before.mappings, change
+        # as many handles per shard file as in epoch 1 (hdf5 keeps two: h5py's and a map's)
+        per_file = after.shard_fds * before.shard_files == before.shard_fds * after.shard_files
+        handles = (
+            f"{before.shard_fds}/{before.shard_files}, then {after.shard_fds}/{after.shard_files}"
+        )
+        assert per_file, f"{change}: shard handles/files {handles}"
         assert after.rss - before.rss < RSS_SLACK, change

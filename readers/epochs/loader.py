@@ -68,7 +68,7 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch`` next, from its start; keeps a loaded state of the same epoch."""
         if epoch != self._current().epoch:
-            self._restart(self.source.start_state(epoch))
+            self._restart(self._current().start_of(epoch))
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch, seed, samples consumed, world size and the position ranges left."""
@@ -79,12 +79,12 @@ class Loader:
         self._restart(self.source.loaded_state(state))
 
     def __len__(self) -> int:
-        return self.source.split(self._current()).batches
+        return self._plan(self._current()).batches
 
     def __iter__(self) -> Iterator[Any]:
         state = self._current()
         self._start_source(state)
-        split = self.source.split(state)
+        split = self._plan(state)
         self._generation += 1
         generation = self._generation
         self._state, self._split, self._batches = state, split, 0
@@ -101,10 +101,17 @@ class Loader:
             self._state, self._split, self._batches = self._current(), None, 0
 
     # --- internals ----------------------------------------------------------------------
+    def _plan(self, state: EpochState) -> Split:
+        """How ``state`` is dealt: a stream's to this DataLoader's workers (each reads whole
+        read windows), a sampler's in the training process."""
+        workers = self.dataloader.num_workers if isinstance(self.source, WdsStream) else 1
+        return self.source.split(state, max(workers, 1))
+
     def _current(self) -> EpochState:
-        if self._split is None:
+        split, batches = self._split, self._batches
+        if split is None:
             return self._state
-        return self._state.advanced(self._split, self._split.consumed(self._batches))
+        return self._state.advanced(split, split.consumed(batches), split.progress(batches))
 
     def _restart(self, state: EpochState) -> None:
         self._state, self._split, self._batches = state, None, 0

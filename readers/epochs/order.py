@@ -1,9 +1,12 @@
 """The order of an epoch: which sample each position ``0 .. N-1`` names, from seed and epoch.
 
-Two orders, one per way of reading (:mod:`readers.epochs.state` deals the positions to
-ranks and says where an interrupted epoch goes on, whatever the order):
+Orders, one per way of reading (:mod:`readers.epochs.state` deals the positions to ranks and
+says where an interrupted epoch goes on, whatever the order):
 
-* map-style readers (:class:`readers.EpochSampler`): a seeded permutation of every index;
+* map-style readers (:class:`readers.EpochSampler`): :class:`FeistelOrder`, a keyed
+  bijection of ``[0, N)`` computed position by position (O(1) memory, any position at
+  once), or, for states saved before it, :class:`PermutationOrder` (the whole permutation,
+  O(N)); :data:`MAP_ORDERS` names them as a saved state does;
 * the stream (:class:`readers.WdsStream`): :class:`BlockOrder`, shards in a seeded order and
   samples permuted inside windows, so that a reader reads each window in one ascending pass.
 """
@@ -13,15 +16,124 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import pairwise
+from typing import ClassVar, Protocol
 
 import numpy as np
 
-__all__ = ["BlockOrder", "epoch_permutation"]
+__all__ = [
+    "MAP_ORDERS",
+    "BlockOrder",
+    "FeistelOrder",
+    "MapOrder",
+    "PermutationOrder",
+    "epoch_permutation",
+]
+
+
+class MapOrder(Protocol):
+    """A map-style epoch order: the dataset index at each of an array of positions."""
+
+    def indices(self, positions: np.ndarray) -> np.ndarray: ...
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
-    """The map-style order of an epoch: a permutation of every index, from seed and epoch."""
+    """The map-style order of states saved before :class:`FeistelOrder`: a permutation of
+    every index, from seed and epoch (8 bytes a sample)."""
     return np.random.default_rng([seed, epoch]).permutation(num_samples)
+
+
+@dataclass(frozen=True)
+class PermutationOrder:
+    """:func:`epoch_permutation` as a :class:`MapOrder`, made on first use (O(N) memory):
+    kept so that a state saved before :class:`FeistelOrder` resumes exactly as it did."""
+
+    num_samples: int
+    seed: int
+    epoch: int
+
+    @cached_property
+    def _permutation(self) -> np.ndarray:
+        return epoch_permutation(self.num_samples, self.seed, self.epoch)
+
+    def indices(self, positions: np.ndarray) -> np.ndarray:
+        return self._permutation[positions]
+
+
+@dataclass(frozen=True)
+class FeistelOrder:
+    """A seeded bijection of ``[0, N)``, keyed by (seed, epoch): position ``p`` names the
+    sample ``f(p)``, computed for any array of positions at once without building the order.
+
+    ``f`` is a Feistel network over the ``b`` bits of ``N - 1`` (a left half of ``b // 2``
+    bits, a right half of the rest): six rounds, each XOR-ing one half, in turn, with the
+    other half mixed with a round key through splitmix64's 64-bit finaliser, so each round
+    is undone by repeating it and the network permutes ``[0, 2**b)``. *Cycle-walking*
+    sends a value ``>= N`` through the network again until it lands inside, which keeps
+    ``f`` a bijection of ``[0, N)``; ``2**b < 2N``, so a position takes fewer than two
+    passes on average. Memory is the positions asked for; the time to resume at any
+    position is that of one batch.
+    """
+
+    num_samples: int
+    seed: int
+    epoch: int
+    rounds: ClassVar[int] = 6
+
+    @cached_property
+    def _halves(self) -> tuple[np.uint64, np.uint64, np.uint64]:
+        """The right half's width, and the masks of the left and right halves."""
+        bits = max(1, (self.num_samples - 1).bit_length())
+        right = bits - bits // 2
+        left_mask = (1 << (bits // 2)) - 1
+        return np.uint64(right), np.uint64(left_mask), np.uint64((1 << right) - 1)
+
+    @cached_property
+    def _keys(self) -> list[np.uint64]:
+        sequence = np.random.SeedSequence([self.seed, self.epoch, 0xFE15])
+        return [np.uint64(k) for k in sequence.generate_state(self.rounds, np.uint64)]
+
+    @staticmethod
+    def _mix(half: np.ndarray, key: np.uint64, mask: np.uint64) -> np.ndarray:
+        """The round function: ``half`` and the key through splitmix64's finaliser."""
+        z = half ^ key
+        z *= np.uint64(0x9E3779B97F4A7C15)
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        z &= mask
+        return z
+
+    def _network(self, x: np.ndarray) -> np.ndarray:
+        """One pass of the network: a permutation of ``[0, 2**b)``."""
+        shift, left_mask, right_mask = self._halves
+        left, right = x >> shift, x & right_mask
+        for i, key in enumerate(self._keys):
+            if i % 2:
+                right ^= self._mix(left, key, right_mask)
+            else:
+                left ^= self._mix(right, key, left_mask)
+        left <<= shift
+        left |= right
+        return left
+
+    def indices(self, positions: np.ndarray) -> np.ndarray:
+        """The sample at each position (an int64 array of positions in ``[0, N)``)."""
+        if self.num_samples <= 1:
+            return np.zeros(len(positions), np.int64)
+        out = self._network(np.asarray(positions, np.int64).astype(np.uint64))
+        outside = np.flatnonzero(out >= self.num_samples)
+        while outside.size:  # cycle-walking: the next value of the same cycle
+            out[outside] = self._network(out[outside])
+            outside = outside[out[outside] >= self.num_samples]
+        return out.astype(np.int64)
+
+
+MAP_ORDERS: dict[str, type[FeistelOrder] | type[PermutationOrder]] = {
+    "feistel": FeistelOrder,
+    "permutation": PermutationOrder,
+}
 
 
 @dataclass(frozen=True)

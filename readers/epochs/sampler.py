@@ -3,7 +3,9 @@
 It does what ``DistributedSampler`` does — one seeded order per epoch, the same on every
 rank, each rank its own equal share — and in addition resumes mid-epoch, with the same or
 another world size, by the rule in :mod:`readers.epochs.state`; over the whole dataset or a subset
-of its indices.
+of its indices. Its order is :class:`readers.epochs.order.FeistelOrder`, computed for the
+positions of the next chunk only, so neither memory nor the time to resume grows with the
+dataset (a state saved before it keeps the whole permutation it was saved with).
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
-from readers.epochs.order import epoch_permutation
+from readers.epochs.order import MAP_ORDERS, MapOrder
 from readers.epochs.placement import Placement
-from readers.epochs.ranges import positions, wrapped
-from readers.epochs.state import EpochSource, require_full_batches, subset_digest
+from readers.epochs.ranges import wrapped
+from readers.epochs.state import EpochSource, EpochState, require_full_batches, subset_digest
 
 __all__ = ["EpochSampler", "selected_indices"]
 
-_CHUNK = 1 << 16  # indices turned into Python ints at a time (a list of all: 36 B each)
+_CHUNK = 1 << 16  # positions ordered and turned into Python ints at a time
 
 
 class EpochSampler(EpochSource, Sampler[int]):
@@ -29,8 +31,8 @@ class EpochSampler(EpochSource, Sampler[int]):
 
     Args:
         data: the dataset (or its length).
-        shuffle: a new seeded permutation every epoch; else the stored order.
-        seed: base of every epoch's permutation; must be the same on every rank.
+        shuffle: a new seeded order every epoch; else the stored order.
+        seed: base of every epoch's order; must be the same on every rank.
         drop_last: drop what does not divide evenly (at most ``world_size - 1`` samples and
             a short last batch) instead of padding by repeating samples.
         batch_size: the DataLoader's, so that ``drop_last`` drops only a short last batch.
@@ -47,6 +49,8 @@ class EpochSampler(EpochSource, Sampler[int]):
     Unlike ``DistributedSampler`` it works as a ``StatefulDataLoader`` sampler: its
     ``state_dict`` counts the indices its iterator has handed out.
     """
+
+    orders = tuple(MAP_ORDERS)  # "feistel" for a new run, "permutation" for version 1 states
 
     def __init__(
         self,
@@ -75,7 +79,7 @@ class EpochSampler(EpochSource, Sampler[int]):
         self._place()
         self._state = self.start_state(0)
         self._yielded = 0  # by the current iterator, on this rank
-        self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation) cache
+        self._order: MapOrder | None = None  # of the last epoch iterated (a permutation's cache)
         # a dataset's set_epoch (its random crops), told each epoch it is handed out
         self._dataset_set_epoch = getattr(data, "set_epoch", None)
 
@@ -84,7 +88,7 @@ class EpochSampler(EpochSource, Sampler[int]):
         state loaded for this same epoch is kept, so resumed loops need no special case."""
         self._place()
         if epoch != self._state.epoch:
-            self._state = self.start_state(epoch)
+            self._state = self._state.start_of(epoch)
         self._yielded = 0
 
     def __len__(self) -> int:
@@ -94,18 +98,19 @@ class EpochSampler(EpochSource, Sampler[int]):
         state, self._yielded = self._state, 0
         if self._dataset_set_epoch is not None:
             self._dataset_set_epoch(state.epoch)
-        split = self.split(state)
-        order = self._permutation(state.epoch)
-        mine = positions(wrapped(split.rank_ranges(self.rank), self.num_samples))
-        indices = order[mine] if order is not None else mine
-        if self.indices is not None:  # positions of the subset -> indices of the dataset
-            indices = self.indices[indices]
-        for start in range(0, len(indices), _CHUNK):  # ints a chunk at a time, not a list
-            for index in indices[start : start + _CHUNK].tolist():
-                self._yielded += 1
-                yield index
+        order = self._epoch_order(state)
+        for lo, hi in wrapped(self.split(state).rank_ranges(self.rank), self.num_samples):
+            for start in range(lo, hi, _CHUNK):  # a chunk at a time, never the whole share
+                indices = np.arange(start, min(start + _CHUNK, hi), dtype=np.int64)
+                if order is not None:
+                    indices = order.indices(indices)
+                if self.indices is not None:  # positions of the subset -> dataset indices
+                    indices = self.indices[indices]
+                for index in indices.tolist():
+                    self._yielded += 1
+                    yield index
         # the whole epoch is out: a state taken now starts the next one
-        self._state = self.start_state(state.epoch + 1)
+        self._state = state.start_of(state.epoch + 1)
         self._yielded = 0
 
     def _place(self) -> None:
@@ -115,12 +120,14 @@ class EpochSampler(EpochSource, Sampler[int]):
         if self.drop_last:
             require_full_batches(self.num_samples, self.world_size, self.batch_size)
 
-    def _permutation(self, epoch: int) -> np.ndarray | None:
+    def _epoch_order(self, state: EpochState) -> MapOrder | None:
+        """The order ``state`` names, for its epoch (None: the stored order)."""
         if not self.shuffle:
             return None
-        if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, epoch_permutation(self.num_samples, self.seed, epoch))
-        return self._order[1]
+        order = MAP_ORDERS[state.order](self.num_samples, self.seed, state.epoch)
+        if order != self._order:  # equal orders: keep the one whose permutation is made
+            self._order = order
+        return self._order
 
     def state_dict(self) -> dict[str, Any]:
         """Small and JSON-ready: epoch, seed, what every rank has not yet been given."""

@@ -15,32 +15,49 @@ The rule, shared by the map-style sampler and the stream:
   the start of the order again (as ``DistributedSampler`` pads). Padding positions stay in
   a saved state, so a run resumed on the same world size repeats exactly what the
   uninterrupted run would have.
-* Each rank yields its slice in order, in batches (only the last one short). A stream's
-  DataLoader workers read every ``num_workers``-th batch of it, and the DataLoader takes
-  one batch of each worker in turn, so the order does not depend on the number of workers.
+* Each rank yields its slice in batches (only the last one short): the sampler in order;
+  a stream with ``K`` DataLoader workers cuts its slice into ``K`` contiguous **parts**,
+  one a worker, each cut at the batch that starts the read window nearest an even cut
+  (the part with the short batch at least as large as any, so that it ends last). A
+  worker reads its part in order, one round of requests a read window, and the DataLoader
+  takes one batch of each worker that has one left in turn: the rank yields its ``K``
+  parts interleaved (with one worker, or none, its slice in order).
+* A state saved mid-epoch by a stream with ``K > 1`` workers also stores, per rank, the
+  batches left in each part and the part that yields next (``parts``, ``turns``, with
+  ``workers``); a run resumed with the same world size and workers deals the rest with
+  them and continues exactly as the uninterrupted run would have; any other shape cuts
+  the rest afresh (every sample once).
 
 A subset of a dataset (``make_loader(path, indices=...)``, a ``Subset``) is an epoch over
 its own ``N`` positions, each naming one of its samples; a state saved over it carries the
 subset's fingerprint, so that a loader over other samples refuses it.
 
 Because every rank yields the same number of batches, any rank can tell which positions
-every rank has consumed after ``k`` batches (the first ``k`` batches of every slice); a
+every rank has consumed after ``k`` batches (the first ``k`` batches of every slice, or of
+every worker's share of it, counted the DataLoader's way); a
 resumed run, with any world size, splits the rest the same way, and on the same world size
 continues exactly as the uninterrupted run would have. Nothing here touches the data:
-resuming costs O(ranks) range arithmetic (:mod:`readers.epochs.ranges`) and one permutation of
-the epoch's order.
+resuming costs O(ranks) range arithmetic (:mod:`readers.epochs.ranges`), and the order maps
+only the positions read next (:class:`readers.epochs.order.FeistelOrder`).
+
+A state names its order (``"order"``: a key of :data:`readers.epochs.order.MAP_ORDERS`, or
+``"windows"`` for the stream), and the epochs after it keep that order: a run resumed from
+a state saved before version 2 (which has no ``"order"``: the map-style order was then the
+whole permutation, ``"permutation"``) goes on exactly as it would have.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
-from readers.epochs.ranges import Ranges, merge_adjacent, subtract, take, total
+from readers.epochs.ranges import Ranges, subtract, take, total
 
 __all__ = [
     "EpochSource",
@@ -50,7 +67,7 @@ __all__ = [
     "subset_digest",
 ]
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the state names its order; 1 (read still) had one order per reader
 
 
 def require_full_batches(num_samples: int, world_size: int, batch_size: int) -> None:
@@ -80,8 +97,9 @@ def _reads(subset: str | None) -> str:
 
 @dataclass(frozen=True)
 class EpochState:
-    """Where a run stands: the epoch, its seed and the positions not yet read by any rank,
-    and, over a subset of the dataset, that subset's :func:`subset_digest`.
+    """Where a run stands: the epoch, its seed, the name of its order, the positions not
+    yet read by any rank, and, over a subset of the dataset, that subset's
+    :func:`subset_digest`.
 
     ``state_dict()``/``from_dict`` give the small JSON-ready dict checkpoints store.
     """
@@ -90,30 +108,68 @@ class EpochState:
     seed: int
     num_samples: int
     remaining: Ranges
+    order: str
     subset: str | None = None
+    # A stream read by several DataLoader workers, mid-epoch: their number, and per rank
+    # the batches left in each worker's part and the part that yields next (Split).
+    workers: int = 1
+    parts: tuple[tuple[int, ...], ...] = ()
+    turns: tuple[int, ...] = ()
 
     @classmethod
     def start(
-        cls, epoch: int, seed: int, num_samples: int, subset: str | None = None
+        cls, epoch: int, seed: int, num_samples: int, order: str, subset: str | None = None
     ) -> EpochState:
-        return cls(epoch, seed, num_samples, ((0, num_samples),) if num_samples else (), subset)
+        whole = ((0, num_samples),) if num_samples else ()
+        return cls(epoch, seed, num_samples, whole, order, subset)
+
+    def start_of(self, epoch: int) -> EpochState:
+        """The start of ``epoch`` in this run: the same seed, order and samples."""
+        return EpochState.start(epoch, self.seed, self.num_samples, self.order, self.subset)
 
     @property
     def fresh(self) -> bool:
         """True when nothing of this epoch has been read yet."""
-        return self.remaining == EpochState.start(self.epoch, self.seed, self.num_samples).remaining
+        return self.remaining == self.start_of(self.epoch).remaining
 
-    def advanced(self, split: Split, consumed: Ranges) -> EpochState:
-        """This state once ``consumed`` (from ``split``) is read: the next epoch's start
-        once every rank has had its whole slice."""
+    def advanced(
+        self,
+        split: Split,
+        consumed: Ranges,
+        progress: tuple[tuple[tuple[int, ...], ...], tuple[int, ...]] = ((), ()),
+    ) -> EpochState:
+        """This state once ``consumed`` (from ``split``) is read, ``progress`` being where
+        each rank's workers stand (:meth:`Split.progress`): the next epoch's start once
+        every rank has had its whole slice."""
         left = split.after(consumed)
         if not left:
-            return EpochState.start(self.epoch + 1, self.seed, self.num_samples, self.subset)
-        return EpochState(self.epoch, self.seed, self.num_samples, left, self.subset)
+            return self.start_of(self.epoch + 1)
+        parts, turns = progress
+        return EpochState(
+            self.epoch,
+            self.seed,
+            self.num_samples,
+            left,
+            self.order,
+            self.subset,
+            split.num_workers if parts else 1,
+            parts,
+            turns,
+        )
+
+    def progress_for(
+        self, world_size: int, num_workers: int
+    ) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        """The parts and turns to deal this state with: its own where they were counted
+        for this world size and number of workers; none (deal afresh) otherwise."""
+        if self.workers == num_workers and len(self.parts) == world_size:
+            return self.parts, self.turns
+        return (), ()
 
     def state_dict(self, world_size: int) -> dict[str, Any]:
         state = {
             "version": STATE_VERSION,
+            "order": self.order,
             "epoch": self.epoch,
             "seed": self.seed,
             "num_samples": self.num_samples,
@@ -123,23 +179,38 @@ class EpochState:
         }
         if self.subset is not None:  # absent for the whole dataset, as before subsets
             state["subset"] = self.subset
+        if self.parts:  # a stream read by several workers, mid-epoch
+            parts = [list(p) for p in self.parts]
+            state.update(workers=self.workers, parts=parts, turns=list(self.turns))
         return state
 
     @classmethod
     def from_dict(
-        cls, state: dict[str, Any], num_samples: int, seed: int, subset: str | None = None
+        cls,
+        state: dict[str, Any],
+        num_samples: int,
+        seed: int,
+        orders: tuple[str, ...],
+        subset: str | None = None,
     ) -> EpochState:
-        """Check a stored state against this dataset (or subset) and seed; ValueError names
-        the field."""
+        """Check a stored state against this dataset (or subset), seed and the orders this
+        reader has (``orders[-1]``: the one of version 1 states); ValueError names the
+        field."""
         try:
             version, epoch = state["version"], state["epoch"]
+            order = state["order"] if version != 1 else orders[-1]
             stored_n, stored_seed = state["num_samples"], state["seed"]
             stored_subset = state.get("subset")
             remaining = tuple((int(lo), int(hi)) for lo, hi in state["remaining"])
+            workers = int(state.get("workers", 1))
+            parts = tuple(tuple(int(c) for c in p) for p in state.get("parts", ()))
+            turns = tuple(int(t) for t in state.get("turns", ()))
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not an imgpack loader state: {e!r}") from None
-        if version != STATE_VERSION:
-            raise ValueError(f"loader state version {version!r}, expected {STATE_VERSION}")
+        if version not in (1, STATE_VERSION):
+            raise ValueError(f"loader state version {version!r}, expected {STATE_VERSION} or 1")
+        if order not in orders:
+            raise ValueError(f"loader state has the order {order!r}, this reader {orders}")
         if stored_n != num_samples:
             raise ValueError(
                 f"loader state is for {stored_n} samples, this dataset has {num_samples}"
@@ -155,18 +226,31 @@ class EpochState:
             raise ValueError("loader state has ranges outside the epoch")
         if not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"loader state has an invalid epoch {epoch!r}")
-        return cls(epoch, seed, num_samples, remaining, subset)
+        if (
+            workers < 1
+            or len(parts) != len(turns)
+            or not all(len(p) == workers and min(p) >= 0 for p in parts)
+            or not all(0 <= t < workers for t in turns)
+        ):
+            raise ValueError(f"loader state has parts or turns that are not {workers} workers'")
+        return cls(epoch, seed, num_samples, remaining, order, subset, workers, parts, turns)
 
 
 @dataclass(frozen=True)
 class Split:
     """How one epoch's remaining positions are dealt to ranks, batches and (for a stream,
-    whose DataLoader workers each read their own part) workers."""
+    whose DataLoader workers each read their own part) workers: with several workers, each
+    reads one contiguous part of its rank's slice (:meth:`part_sizes`), so that a rank
+    reads every read window in one round of requests."""
 
     remaining: Ranges
     world_size: int
     drop_last: bool
     batch_size: int = 1
+    num_workers: int = 1  # a stream's DataLoader workers, each reading one part a rank
+    window: int = 1  # positions per read window, where parts are best cut
+    parts: tuple[tuple[int, ...], ...] = ()  # per rank, batches per part (see part_sizes)
+    turns: tuple[int, ...] = ()  # per rank, the part worker 0 reads (see worker_ranges)
 
     @property
     def per_rank(self) -> int:
@@ -194,25 +278,125 @@ class Split:
         """The positions rank ``rank`` yields, in the order of its slice."""
         return take(self.padded, rank * self.per_rank, self.per_rank)
 
-    def worker_ranges(self, rank: int, worker: int, num_workers: int) -> Ranges:
-        """The positions worker ``worker`` of ``num_workers`` reads of its rank's slice:
-        batches ``worker``, ``worker + num_workers``, ... The DataLoader takes one batch of
-        each worker in turn, so the rank yields its slice in order, whatever the number of
-        workers (only the last batch is short)."""
-        mine = self.rank_ranges(rank)
-        return merge_adjacent(
-            [
-                r
-                for first in range(
-                    worker * self.batch_size, self.per_rank, num_workers * self.batch_size
-                )
-                for r in take(mine, first, min(self.batch_size, self.per_rank - first))
+    def worker_ranges(self, rank: int, worker: int) -> Ranges:
+        """The positions worker ``worker`` reads of rank ``rank``'s slice, in order: part
+        ``(worker + turn) % num_workers`` of it (see :meth:`part_sizes`)."""
+        part = (worker + self._turn(rank)) % self.num_workers
+        lo, hi = self._part_offsets(rank)[part]
+        return take(self.rank_ranges(rank), lo, hi - lo)
+
+    def part_sizes(self, rank: int) -> tuple[int, ...]:
+        """Batches in each of the ``num_workers`` contiguous parts of rank ``rank``'s slice,
+        in the order of the slice; each part is one worker's, so that a worker reads whole
+        read windows. Given (``parts``, from a state saved mid-epoch) or cut here: each cut
+        at the batch starting a read window nearest ``p / num_workers`` of the slice (the
+        parts then differ by about a window), and the part holding a short last batch
+        at least as large as any, so that the DataLoader yields that batch last, on every
+        rank as on every other."""
+        if self.parts:
+            return self.parts[rank]
+        if rank not in self._sizes:
+            self._sizes[rank] = self._cut(rank)
+        return self._sizes[rank]
+
+    @cached_property
+    def _sizes(self) -> dict[int, tuple[int, ...]]:
+        return {}
+
+    def _cut(self, rank: int) -> tuple[int, ...]:
+        batches, workers = self.batches, self.num_workers
+        base, extra = divmod(batches, workers)
+        even = [base + (p >= workers - extra) for p in range(workers)]  # the last ones larger
+        if workers == 1 or not batches:
+            return tuple(even)
+        starts = self._window_starts(rank)
+        cuts = [0]
+        for target in np.cumsum(even)[:-1].tolist():  # the window start nearest each even cut
+            inside = [b for b in starts if cuts[-1] < b < batches]
+            cut = min(inside, key=lambda b: abs(b - target)) if inside else target
+            cuts.append(max(cut, cuts[-1]))
+        cuts.append(batches)
+        if self.per_rank % self.batch_size:  # the part with the short batch must end last
+            before, last = cuts[-3], cuts[-2]
+            others = max((b - a for a, b in pairwise(cuts[:-2])), default=0)
+            fits = [
+                b for b in starts if before < b <= last and batches - b >= max(others, b - before)
             ]
-        )
+            if not fits:
+                return tuple(even)
+            cuts[-2] = max(fits)
+        return tuple(b - a for a, b in pairwise(cuts))
+
+    def _window_starts(self, rank: int) -> list[int]:
+        """The batches of rank ``rank``'s slice that are the first to start in their read
+        window (positions ``p // window``): where a part may begin without sharing a
+        window with the part before (but for the few positions of a batch that straddles
+        the window's start)."""
+        mine = self.rank_ranges(rank)
+        lows = np.array([lo for lo, _ in mine], np.int64)
+        ends = np.cumsum([hi - lo for lo, hi in mine], dtype=np.int64)
+        offsets = np.arange(0, self.per_rank, self.batch_size, dtype=np.int64)
+        range_of = np.searchsorted(ends, offsets, side="right")
+        first = lows[range_of] + offsets - np.r_[0, ends[:-1]][range_of]
+        return (np.flatnonzero(np.diff(first // self.window)) + 1).tolist()
+
+    def _part_offsets(self, rank: int) -> list[tuple[int, int]]:
+        """``[start, stop)`` of each part, as offsets into rank ``rank``'s slice."""
+        edges = [0, *np.cumsum(self.part_sizes(rank)).tolist()]
+        return [
+            (min(a * self.batch_size, self.per_rank), min(b * self.batch_size, self.per_rank))
+            for a, b in pairwise(edges)
+        ]
+
+    def _turn(self, rank: int) -> int:
+        return self.turns[rank] if self.turns else 0
+
+    def _yields(self, rank: int, batches: int) -> tuple[list[int], int | None]:
+        """Batches yielded from each part of rank ``rank``'s slice after the rank's first
+        ``batches``, and the part yielding next (None: none left). The DataLoader takes one
+        batch of each worker that has one left, in turn, from worker 0; worker ``j`` reads
+        part ``(j + turn) % num_workers``."""
+        sizes, workers, turn = self.part_sizes(rank), self.num_workers, self._turn(rank)
+        turns = [(j + turn) % workers for j in range(workers)]  # the parts, in turn
+        low, high = 0, max(sizes)  # whole rounds: every part with batches left gave one
+        while low < high:
+            middle = (low + high + 1) // 2
+            if sum(min(c, middle) for c in sizes) <= batches:
+                low = middle
+            else:
+                high = middle - 1
+        done = [min(c, low) for c in sizes]
+        live = [p for p in turns if sizes[p] > low]
+        left = batches - sum(done)
+        for part in live[:left]:
+            done[part] += 1
+        return done, live[left] if left < len(live) else None
 
     def consumed(self, batches: int) -> Ranges:
         """Positions every rank together has yielded after ``batches`` batches each."""
-        return self.consumed_samples(batches * self.batch_size)
+        if self.num_workers == 1:
+            return self.consumed_samples(batches * self.batch_size)
+        out: list[tuple[int, int]] = []
+        for rank in range(self.world_size):
+            mine = self.rank_ranges(rank)
+            done, _ = self._yields(rank, batches)
+            for (lo, hi), count in zip(self._part_offsets(rank), done, strict=True):
+                out.extend(take(mine, lo, min(count * self.batch_size, hi - lo)))
+        return tuple(out)
+
+    def progress(self, batches: int) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        """What a resumed run needs to deal the rest as this one would have, after
+        ``batches`` batches on every rank: per rank, the batches left in each part and the
+        part that yields next (nothing with one worker: the rest is the slice, in order)."""
+        if self.num_workers == 1:
+            return (), ()
+        parts, turns = [], []
+        for rank in range(self.world_size):
+            done, following = self._yields(rank, batches)
+            sizes = self.part_sizes(rank)
+            parts.append(tuple(c - d for c, d in zip(sizes, done, strict=True)))
+            turns.append(0 if following is None else following)
+        return tuple(parts), tuple(turns)
 
     def consumed_samples(self, samples: int) -> Ranges:
         """Positions every rank together has yielded after ``samples`` samples each."""
@@ -243,14 +427,16 @@ class EpochSource:
     drop_last: bool
     batch_size: int | None
     subset: str | None = None  # the subset_digest of the samples read, None for all
+    orders: tuple[str, ...]  # the orders it reads: a new run's first, version 1's last
+    read_window: int = 1  # positions a worker reads in one round (a stream's, see Split)
 
     def start_state(self, epoch: int) -> EpochState:
-        """The start of epoch ``epoch`` over what this source reads."""
-        return EpochState.start(epoch, self.seed, self.num_samples, self.subset)
+        """The start of epoch ``epoch`` of a new run over what this source reads."""
+        return EpochState.start(epoch, self.seed, self.num_samples, self.orders[0], self.subset)
 
     def loaded_state(self, state: dict[str, Any]) -> EpochState:
         """``state`` (a ``state_dict``), checked against what this source reads."""
-        return EpochState.from_dict(state, self.num_samples, self.seed, self.subset)
+        return EpochState.from_dict(state, self.num_samples, self.seed, self.orders, self.subset)
 
     @property
     def epoch(self) -> int:
@@ -261,7 +447,20 @@ class EpochSource:
         """The state the next iteration starts from."""
         return self._state
 
-    def split(self, state: EpochState | None = None) -> Split:
-        """How ``state`` (default: the one the next iteration starts from) is dealt."""
-        remaining = (state or self._state).remaining
-        return Split(remaining, self.world_size, self.drop_last, self.batch_size or 1)
+    def split(self, state: EpochState | None = None, num_workers: int = 1) -> Split:
+        """How ``state`` (default: the one the next iteration starts from) is dealt, to
+        ``num_workers`` DataLoader workers per rank (a stream's; a sampler deals in the
+        training process)."""
+        state = state or self._state
+        fresh = Split(
+            state.remaining,
+            self.world_size,
+            self.drop_last,
+            self.batch_size or 1,
+            num_workers,
+            self.read_window,
+        )
+        parts, turns = state.progress_for(self.world_size, num_workers)
+        if not all(sum(p) == fresh.batches for p in parts):
+            return fresh  # parts of another split: deal the rest afresh
+        return dataclasses.replace(fresh, parts=parts, turns=turns)

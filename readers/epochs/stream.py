@@ -45,14 +45,18 @@ class WdsStream(EpochSource, IterableDataset):
     Each epoch, shards are taken in a seeded order and the samples inside every window of
     ``shuffle_buffer`` consecutive samples come out permuted; the order depends only on
     ``seed`` and the epoch. Ranks take equal contiguous slices of it (see
-    :mod:`readers.epochs.state`), and DataLoader workers every ``num_workers``-th batch of their
-    rank's slice, so a rank's order does not depend on the number of workers.
+    :mod:`readers.epochs.state`). Each DataLoader worker reads one contiguous part of its
+    rank's slice, cut where a read window starts (``read_window``: whole shuffle windows,
+    1,000 samples at least), so that a rank fetches each window once, in one round; the
+    DataLoader takes one batch of each worker in turn, so with several workers a rank
+    yields its ``num_workers`` parts interleaved (the same in every run, and after a resume
+    with as many ranks and workers).
 
     Args:
         root: the dataset folder (the one holding ``imgpack.json``), or its URL
-            (``s3://bucket/prefix``): remote tars are read by byte ranges, each worker
-            fetching its samples of a window in one round of merged, concurrent requests;
-            no shard is copied whole.
+            (``s3://bucket/prefix``): remote tars are read by byte ranges, a worker
+            fetching its read window in one round of merged, concurrent requests; no shard
+            is copied whole.
         transform: applied to each ``[3, H, W]`` uint8 image tensor.
         shuffle_buffer: samples per shuffle window; 0 reads in stored order (no shuffle).
         seed: base seed of the shard order and the window permutations (same on all ranks).
@@ -73,6 +77,8 @@ class WdsStream(EpochSource, IterableDataset):
 
     Call :meth:`set_epoch` before each epoch (:func:`readers.make_loader` does).
     """
+
+    orders = ("windows",)  # BlockOrder, the stream's only order (version 1 states too)
 
     def __init__(
         self,
@@ -104,6 +110,11 @@ class WdsStream(EpochSource, IterableDataset):
         self.manifest = self._dataset.manifest
         self.transform = transform
         self.shuffle_buffer = shuffle_buffer
+        # Positions read in one round from object storage: whole shuffle windows, 1,000
+        # samples at least. A rank's DataLoader workers each read a part of its slice cut
+        # where a read window starts (readers.epochs.state.Split), so a rank fetches each
+        # window once.
+        self.read_window = shuffle_buffer * -(-1000 // shuffle_buffer) if shuffle_buffer else 1000
         self.seed = seed
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -113,7 +124,7 @@ class WdsStream(EpochSource, IterableDataset):
         self.rank, self.world_size = self._place()
         if drop_last:  # without a batch size, a rank's share is dropped below one sample
             require_full_batches(self.manifest.num_samples, self.world_size, batch_size or 1)
-        self._state = EpochState.start(0, seed, self.manifest.num_samples)
+        self._state = self.start_state(0)
         self._version = 0  # of the loaded state, to tell a worker holding an older copy
         self._shared = torch.tensor([0, self.rank, self.world_size, 0]).share_memory_()
         self._iterating = self._state  # the state the current iteration started from
@@ -134,7 +145,7 @@ class WdsStream(EpochSource, IterableDataset):
         loaded for this same epoch is kept). Call it in the training process."""
         self._in_training_process("set_epoch")
         if epoch != self._state.epoch:
-            self._state = EpochState.start(epoch, self.seed, self.manifest.num_samples)
+            self._state = self._state.start_of(epoch)
         self._iterating, self._yielded = self._state, 0
         self._publish()
 
@@ -144,7 +155,7 @@ class WdsStream(EpochSource, IterableDataset):
         running keep their copy, and refuse to serve a stale epoch. Inside a worker it
         takes back that worker's own state (what torchdata's StatefulDataLoader does)."""
         info = current_worker()
-        loaded = EpochState.from_dict(state, self.manifest.num_samples, self.seed)
+        loaded = self.loaded_state(state)
         if info is not None:
             if (state.get("worker"), state.get("num_workers")) != (info.id, info.num_workers):
                 raise ValueError(
@@ -191,8 +202,7 @@ class WdsStream(EpochSource, IterableDataset):
                 state = self._worker_state()
             else:  # this worker's own state, loaded in this worker
                 state, skip, self._skip = self._state, self._skip, None
-        split = self.split(state)
-        mine = split.worker_ranges(self.rank, worker, num_workers)
+        mine = self.split(state, num_workers).worker_ranges(self.rank, worker)
         mine = wrapped(take(mine, skip, total(mine) - skip), self.num_samples)
         order = BlockOrder(
             tuple(s.samples for s in self.manifest.shards),
@@ -214,15 +224,14 @@ class WdsStream(EpochSource, IterableDataset):
     # --- internals ----------------------------------------------------------------------
     def _read_ahead(self, chunks: list[tuple[int, int]]) -> Iterator[list[tuple[int, int]]]:
         """The chunks read in one go: one at a time from local disk; from object storage,
-        all of this worker's chunks in one shuffle window (at least 1,000 samples), so that
-        one round of merged range requests serves them (see :mod:`readers.storage.remote`)."""
+        all of this worker's chunks in one read window, so that one round of merged range
+        requests serves them (see :mod:`readers.storage.remote`)."""
         if self.manifest.url is None:
             yield from ([c] for c in chunks)
             return
-        span = max(self.shuffle_buffer, 1000)
         group: list[tuple[int, int]] = []
         for a, b in chunks:
-            if group and a // span != group[0][0] // span:
+            if group and a // self.read_window != group[0][0] // self.read_window:
                 yield group
                 group = []
             group.append((a, b))
@@ -254,7 +263,7 @@ class WdsStream(EpochSource, IterableDataset):
             )
         if epoch == self._state.epoch:
             return self._state
-        return EpochState.start(epoch, self.seed, self.manifest.num_samples)
+        return self._state.start_of(epoch)
 
     def _place(self) -> tuple[int, int]:
         """Rank and world size: the placement given, else detected now."""

@@ -139,7 +139,7 @@ def stream_ab(wds: Path, rev: str, repeats: int, workers: int) -> dict[str, list
 def resume_times(repeats: int) -> list[list[Any]]:
     """Milliseconds from a stored state to the first index, at ImageNet's sample count."""
     step, batch = 400, 256  # 400 steps of 256 on 8 ranks: 819,200 samples into the epoch
-    start = state.EpochState.start(5, 0, IMAGENET)
+    start = state.EpochState.start(5, 0, IMAGENET, "feistel")
     split = state.Split(start.remaining, 8, False, batch)
     stored = start.advanced(split, split.consumed(step)).state_dict(8)
     shards = tuple([1000] * (IMAGENET // 1000) + [IMAGENET % 1000])
@@ -152,9 +152,11 @@ def resume_times(repeats: int) -> list[list[Any]]:
         next(iter(sampler))
 
     def stream_first(world: int) -> None:  # what WdsStream.__iter__ does before reading
-        loaded = state.EpochState.from_dict(stored, IMAGENET, 0)
-        split = state.Split(loaded.remaining, world, False, batch)
-        lo, hi = ranges.wrapped(split.worker_ranges(world - 1, 3, 4), IMAGENET)[0]
+        loaded = state.EpochState.from_dict(
+            {**stored, "order": "windows"}, IMAGENET, 0, ("windows",)
+        )
+        split = state.Split(loaded.remaining, world, False, batch, 4, 5000)
+        lo, hi = ranges.wrapped(split.worker_ranges(world - 1, 3), IMAGENET)[0]
         blocks = order.BlockOrder(shards, 0, loaded.epoch, 5000)
         a, b = blocks.chunks(lo, hi)[0]
         blocks.indices(a, b)
