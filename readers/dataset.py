@@ -265,16 +265,10 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         rows: torch.Tensor,
     ) -> None:
         """Decode, crop and resize each sample into its HWC row of ``rows``, reading the
-        batch part by part (unless its stored ``values`` are given): see
+        batch first unless its stored ``values`` are given: see
         :func:`readers.images.fused.crop_parts`."""
-
-        def read(part: slice) -> list[Any]:
-            if values is not None:
-                return values[part]
-            return [self.shard(s).read(k) for s, k in located[part]]
-
         crop_parts(
-            read,
+            values if values is not None else [self.shard(s).read(k) for s, k in located],
             np.array([(self._ends[s - 1] if s else 0) + k for s, k in located]),
             crop,
             rows.numpy(),

@@ -22,7 +22,8 @@ import readers
 from readers.epochs.order import BlockOrder
 from readers.epochs.placement import Placement
 from readers.epochs.ranges import positions, total
-from readers.epochs.state import EpochState, Split
+from readers.epochs.split import Split
+from readers.epochs.state import EpochState
 from tests.dist_rank import digest
 
 pytestmark = [

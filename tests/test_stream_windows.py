@@ -21,7 +21,7 @@ import readers
 from convert import ConvertOptions, convert_folder
 from readers.epochs.order import BlockOrder
 from readers.epochs.ranges import positions
-from readers.epochs.state import Split
+from readers.epochs.split import Split
 from tests.dist_rank import digest
 
 pytestmark = [

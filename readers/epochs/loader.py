@@ -20,7 +20,8 @@ from readers.batch import collate, collate_any
 from readers.dataset import ImageDataset, Transform, open_dataset
 from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler, selected_indices
-from readers.epochs.state import EpochState, Split
+from readers.epochs.split import Split
+from readers.epochs.state import EpochState
 from readers.epochs.stream import WdsStream
 from readers.images.crop import Crop
 from readers.manifest import load_manifest

@@ -112,7 +112,7 @@ class WdsStream(EpochSource, IterableDataset):
         self.shuffle_buffer = shuffle_buffer
         # Positions read in one round from object storage: whole shuffle windows, 1,000
         # samples at least. A rank's DataLoader workers each read a part of its slice cut
-        # where a read window starts (readers.epochs.state.Split), so a rank fetches each
+        # where a read window starts (readers.epochs.split.Split), so a rank fetches each
         # window once.
         self.read_window = shuffle_buffer * -(-1000 // shuffle_buffer) if shuffle_buffer else 1000
         self.seed = seed

@@ -216,7 +216,7 @@ def crop_batch(
 
 
 def crop_parts(
-    read: Callable[[slice], Sequence[bytes | memoryview | np.ndarray]],
+    values: Sequence[bytes | memoryview | np.ndarray],
     indices: np.ndarray,
     crop: Crop,
     rows: np.ndarray,
@@ -225,17 +225,19 @@ def crop_parts(
     pool: DecodePool,
     threads: int,
 ) -> None:
-    """Fill ``rows`` with the crops of samples ``indices``, their stored values read part
-    by part (:func:`readers.images.pool.batch_parts`) by ``read(part)`` on the calling
-    thread while ``threads`` decode threads crop the parts already read
-    (:func:`crop_batch` each): reading overlaps decoding. The first failing row raises.
+    """Fill ``rows`` with the crops of the stored ``values`` of samples ``indices``, the
+    batch cut into one contiguous part per decode thread (:func:`crop_batch` each: one
+    kernel call per thread). Reading the batch while the threads decode earlier parts was
+    measured slower here (the reads then compete with the decodes for the cores and the
+    GIL), so the caller reads it whole first.
 
     Raises:
-        DatasetError: naming the sample (``where(row)``) that cannot be read or decoded.
+        DatasetError: naming the sample (``where(row)``) that cannot be decoded.
     """
 
-    def decode(part: slice, values: Sequence[bytes | memoryview | np.ndarray]) -> None:
+    def decode(part: slice) -> None:
         start = part.start
-        crop_batch(values, indices[part], crop, rows[part], lambda r: where(start + r), verified)
+        named = lambda row: where(start + row)  # noqa: E731
+        crop_batch(values[part], indices[part], crop, rows[part], named, verified)
 
-    pool.pipeline(read, decode, batch_parts(len(indices), threads), threads)
+    pool.map(decode, batch_parts(len(indices), threads), threads)

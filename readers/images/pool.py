@@ -9,16 +9,13 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 __all__ = ["DecodePool", "batch_parts"]
-
-P = TypeVar("P")
-T = TypeVar("T")
 
 
 def _one_intra_op_thread() -> None:
@@ -30,13 +27,10 @@ def _one_intra_op_thread() -> None:
     torch.set_num_threads(1)
 
 
-PARTS_PER_THREAD = 2  # enough to overlap reading with decoding; each part costs a kernel call
-
-
 def batch_parts(count: int, threads: int) -> list[slice]:
-    """A batch of ``count`` samples in contiguous parts for :meth:`DecodePool.pipeline`:
-    ``PARTS_PER_THREAD`` per decode thread (one with a single thread), sizes within one."""
-    parts = min(count, 1 if threads <= 1 else threads * PARTS_PER_THREAD)
+    """A batch of ``count`` samples cut into one contiguous part per decode thread (at
+    least one), their sizes within one: each part is one kernel call."""
+    parts = min(count, max(threads, 1))
     bounds = [count * k // parts for k in range(parts + 1)] if parts else [0]
     return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
@@ -62,41 +56,6 @@ class DecodePool:
             for k, part in enumerate(pool.map(lambda xs: [fn(x) for x in xs], slices)):
                 results[k::step] = part
         return results
-
-    def pipeline(
-        self,
-        produce: Callable[[P], T],
-        consume: Callable[[P, T], Any],
-        parts: Sequence[P],
-        threads: int,
-    ) -> None:
-        """``consume(part, produce(part))`` for every part: each ``produce`` on the calling
-        thread, in order, and each ``consume`` on a decode thread as soon as its part is
-        produced, so that the caller reads the next part while the threads decode.
-
-        Raises:
-            The error of the first part, in order, whose produce or consume failed, once
-            every consume started has finished (they write into the caller's buffers).
-        """
-        if threads <= 1 or len(parts) < 2:
-            for part in parts:
-                consume(part, produce(part))
-            return
-        started: list[Future[Any]] = []
-        failure: Exception | None = None
-        with self._threads(threads) as pool:
-            for part in parts:
-                try:
-                    produced = produce(part)
-                except Exception as e:  # raised after the parts before it
-                    failure = e
-                    break
-                started.append(pool.submit(consume, part, produced))
-            wait(started)
-        for future in started:
-            future.result()
-        if failure is not None:
-            raise failure
 
     @contextmanager
     def _threads(self, threads: int) -> Iterator[ThreadPoolExecutor]:

@@ -24,7 +24,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 import readers
-from readers.epochs import order, ranges, state
+from readers.epochs import order, ranges, split, state
 from scripts.bench import ab
 from scripts.bench.common import (
     CenterCrop,
@@ -140,8 +140,8 @@ def resume_times(repeats: int) -> list[list[Any]]:
     """Milliseconds from a stored state to the first index, at ImageNet's sample count."""
     step, batch = 400, 256  # 400 steps of 256 on 8 ranks: 819,200 samples into the epoch
     start = state.EpochState.start(5, 0, IMAGENET, "feistel")
-    split = state.Split(start.remaining, 8, False, batch)
-    stored = start.advanced(split, split.consumed(step)).state_dict(8)
+    dealt = split.Split(start.remaining, 8, False, batch)
+    stored = start.advanced(dealt, dealt.consumed(step)).state_dict(8)
     shards = tuple([1000] * (IMAGENET // 1000) + [IMAGENET % 1000])
 
     def sampler_first(world: int) -> None:
@@ -155,8 +155,8 @@ def resume_times(repeats: int) -> list[list[Any]]:
         loaded = state.EpochState.from_dict(
             {**stored, "order": "windows"}, IMAGENET, 0, ("windows",)
         )
-        split = state.Split(loaded.remaining, world, False, batch, 4, 5000)
-        lo, hi = ranges.wrapped(split.worker_ranges(world - 1, 3), IMAGENET)[0]
+        dealt = split.Split(loaded.remaining, world, False, batch, 4, 5000)
+        lo, hi = ranges.wrapped(dealt.worker_ranges(world - 1, 3), IMAGENET)[0]
         blocks = order.BlockOrder(shards, 0, loaded.epoch, 5000)
         a, b = blocks.chunks(lo, hi)[0]
         blocks.indices(a, b)
