@@ -67,7 +67,11 @@ def kernel_stages(values: list[bytes], boxes: np.ndarray, sizes: np.ndarray, rep
     thin[:, 0] = np.maximum(boxes[:, 0] + boxes[:, 2] - 1, 0)
     thin[:, 2:] = (1, THIN, 0)
     thin[:, 1] = np.minimum(np.maximum(boxes[:, 1], 0), sizes[:, 1] - THIN)
-    copies = [np.empty((1, int(b[2]), int(b[3]), 3), dtype=np.uint8) for b in boxes]
+    by_shape: dict[tuple[int, int], np.ndarray] = {}  # one reused output per box shape
+    copies = [
+        by_shape.setdefault((int(b[2]), int(b[3])), np.empty((1, b[2], b[3], 3), np.uint8))
+        for b in boxes
+    ]
     thin_out = np.empty((1, 1, THIN, 3), dtype=np.uint8)
     resized = np.empty((1, CROP, CROP, 3), dtype=np.uint8)
 
