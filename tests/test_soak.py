@@ -78,6 +78,7 @@ class ProcessState:
     shard_files: int  # the distinct shard files those name
     mappings: int  # memory-mapped regions of files (an mmap'd shard holds no fd)
     rss: int  # bytes
+    names: frozenset[str] = frozenset()  # what the fds (but shard files) point at
 
 
 TRANSPORT = ("/dev/shm/torch_", "socket:")
@@ -103,7 +104,10 @@ def process_state(busy: bool) -> ProcessState:
     info = get_worker_info()
     fds = len(targets) - len(shards)
     worker = -1 if info is None else info.id
-    return ProcessState(worker, os.getpid(), fds, len(shards), len(set(shards)), mappings, rss)
+    names = frozenset(t for t in targets if "/shard-" not in t)
+    return ProcessState(
+        worker, os.getpid(), fds, len(shards), len(set(shards)), mappings, rss, names
+    )
 
 
 @dataclass
@@ -385,6 +389,7 @@ def test_epochs_serve_each_sample_once_without_growing_fds_or_rss(
     pairs += [(f"worker {w}", first.workers[w], last.workers[w]) for w in range(WORKERS)]
     for who, before, after in pairs:
         change = f"{who}: {describe([before])} in epoch 1, {describe([after])} in the last"
+        change += f" (fds new since epoch 1: {sorted(after.names - before.names)})"
         # no growth (a restarted worker is a new process: it may map a page or two less)
         assert after.fds <= before.fds and after.mappings <= before.mappings, change
         # as many handles per shard file as in epoch 1 (hdf5 keeps two: h5py's and a map's)
