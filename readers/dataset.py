@@ -264,16 +264,23 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         values: list[Any] | None,
         rows: torch.Tensor,
     ) -> None:
-        """Decode, crop and resize each sample into its HWC row of ``rows``, reading the
-        batch first unless its stored ``values`` are given: see
-        :func:`readers.images.fused.crop_parts`."""
+        """Decode, crop and resize each sample into its HWC row of ``rows``, each decode
+        thread reading its part of the batch (unless its stored ``values`` are given): see
+        :func:`readers.images.fused.crop_parts`. Every shard is opened here first."""
+        verified = all(self.shard(s).verified for s in {s for s, _ in located})
+
+        def read(part: slice) -> list[Any]:
+            if values is not None:
+                return values[part]
+            return [self.shard(s).read(k) for s, k in located[part]]
+
         crop_parts(
-            values if values is not None else [self.shard(s).read(k) for s, k in located],
+            read,
             np.array([(self._ends[s - 1] if s else 0) + k for s, k in located]),
             crop,
             rows.numpy(),
             lambda row: self._where(*located[row]),
-            all(self.shard(s).verified for s in {s for s, _ in located}),
+            verified,
             self._pool,
             self.decode_threads or default_decode_threads(),
         )

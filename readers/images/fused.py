@@ -216,7 +216,7 @@ def crop_batch(
 
 
 def crop_parts(
-    values: Sequence[bytes | memoryview | np.ndarray],
+    read: Callable[[slice], Sequence[bytes | memoryview | np.ndarray]],
     indices: np.ndarray,
     crop: Crop,
     rows: np.ndarray,
@@ -225,19 +225,21 @@ def crop_parts(
     pool: DecodePool,
     threads: int,
 ) -> None:
-    """Fill ``rows`` with the crops of the stored ``values`` of samples ``indices``, the
-    batch cut into one contiguous part per decode thread (:func:`crop_batch` each: one
-    kernel call per thread). Reading the batch while the threads decode earlier parts was
-    measured slower here (the reads then compete with the decodes for the cores and the
-    GIL), so the caller reads it whole first.
+    """Fill ``rows`` with the crops of samples ``indices``, the batch cut into one
+    contiguous part per decode thread: each thread reads its part's stored values
+    (``read(part)``; the readers release the GIL for their I/O and CRC-32s) and crops them
+    (:func:`crop_batch`: one kernel call). Measured against reading the whole batch on the
+    calling thread first (3 % fewer samples/s) and against reading it part by part there
+    while the threads decode (slower still): docs/BENCHMARKS.md.
 
     Raises:
-        DatasetError: naming the sample (``where(row)``) that cannot be decoded.
+        DatasetError: for the first part, in order, with a sample (``where(row)``) that
+        cannot be read or decoded.
     """
 
     def decode(part: slice) -> None:
         start = part.start
         named = lambda row: where(start + row)  # noqa: E731
-        crop_batch(values[part], indices[part], crop, rows[part], named, verified)
+        crop_batch(read(part), indices[part], crop, rows[part], named, verified)
 
     pool.map(decode, batch_parts(len(indices), threads), threads)
