@@ -4,6 +4,9 @@ runs a function over items on them."""
 from __future__ import annotations
 
 import threading
+import time
+
+import pytest
 
 from readers.images.pool import DecodePool, batch_parts
 
@@ -31,3 +34,20 @@ def test_map_keeps_the_order_and_runs_on_the_pool() -> None:
 
     assert DecodePool().map(square, list(range(10)), threads=2) == [x * x for x in range(10)]
     assert caller not in seen and len(set(seen)) == 2
+
+
+def test_an_error_is_raised_only_once_every_slice_has_finished() -> None:
+    # a decode thread left running after the batch's error raced with what came next (a
+    # fork for DataLoader workers copied the locks it held: the child hung)
+    finished = []
+
+    def slow_or_bad(x: int) -> int:
+        if x == 0:
+            raise ValueError("sample 0")
+        time.sleep(0.2)
+        finished.append(x)
+        return x
+
+    with pytest.raises(ValueError, match="sample 0"):
+        DecodePool().map(slow_or_bad, [0, 1], threads=2)
+    assert finished == [1]

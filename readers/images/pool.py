@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,15 +46,23 @@ class DecodePool:
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any], threads: int) -> list[Any]:
         """``[fn(x) for x in items]`` on ``threads`` threads, one interleaved slice each (a
-        task per sample costs measurably more in futures and wake-ups)."""
+        task per sample costs measurably more in futures and wake-ups).
+
+        Returns, or raises the first failing slice's error, only once every slice has
+        finished: a thread still reading or decoding after the call would race with
+        whatever the caller does next (a fork for DataLoader workers copies the locks it
+        holds, and the child hangs on them)."""
         if threads <= 1 or len(items) < 2:
             return [fn(x) for x in items]
         step = min(threads, len(items))
-        slices = [items[k::step] for k in range(step)]
-        results: list[Any] = [None] * len(items)
         with self._threads(threads) as pool:
-            for k, part in enumerate(pool.map(lambda xs: [fn(x) for x in xs], slices)):
-                results[k::step] = part
+            started = [
+                pool.submit(lambda xs: [fn(x) for x in xs], items[k::step]) for k in range(step)
+            ]
+            wait(started)
+        results: list[Any] = [None] * len(items)
+        for k, future in enumerate(started):
+            results[k::step] = future.result()
         return results
 
     @contextmanager
