@@ -1,13 +1,17 @@
-"""Shared fixtures: the bundled sample folder and converted datasets built from it."""
+"""Shared fixtures: the bundled sample folder, converted datasets built from it, and a local
+Ray instance with a driver process for it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from convert import ConvertOptions, convert_folder
+from scripts.s3_server import S3Server
+from tests.ray_nodes import RayDriver, ray_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DATA = ROOT / "sample_data"
@@ -43,6 +47,23 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         return cache[key]
 
     return build
+
+
+@pytest.fixture(scope="module")
+def ray_address(s3_server: S3Server) -> Iterator[str]:
+    """A local Ray instance for the module (a head node of 2 CPUs), started after the
+    module's ``s3_server`` so that its workers have that endpoint; its address."""
+    pytest.importorskip("ray")
+    with ray_cluster(dict(os.environ), head_cpus=2) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def ray_driver(ray_address: str) -> Iterator[RayDriver]:
+    """Runs the module's conversions on Ray, each in a driver process of its own."""
+    driver = RayDriver(ray_address)
+    yield driver
+    driver.close()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -27,9 +27,9 @@ from convert.diff import diff_datasets
 from readers import spec
 from tests.conftest import SAMPLE_DATA
 from tests.photos import photo_folder
+from tests.ray_nodes import RayDriver
 from tests.test_interrupted import wait_for_shards
 from tests.test_object_storage import BUCKET, s3_server  # noqa: F401 (the fixture)
-from tests.test_ray import ray_address  # noqa: F401 (the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW = {"encoding": "raw", "resize": 72, "center_crop": 64, "exact_resize": True}
@@ -387,12 +387,11 @@ def test_webdataset_tars_at_a_url_convert_like_local_ones(shards, folder_raw, tm
     assert readers.load_manifest(listed).content_sha256 == folder_raw.content_sha256
 
 
-@pytest.mark.usefixtures("ray_address")
 def test_ray_executor_converts_dataset_and_foreign_sources_as_local(
-    raw_pt, shards, folder_raw, tmp_path
+    ray_driver: RayDriver, raw_pt, shards, folder_raw, tmp_path
 ):
     for src, want in ((raw_pt, readers.load_manifest(raw_pt)), (shards, folder_raw)):
         out = tmp_path / src.name
         options = ConvertOptions("wds", **(RAW if src == shards else {"encoding": "raw"}))
-        convert_folder(src, out, options, workers=2, progress=False, executor="ray")
+        ray_driver.convert(src, out, options, progress=False)
         assert readers.load_manifest(out).content_sha256 == want.content_sha256, src

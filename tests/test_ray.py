@@ -1,5 +1,6 @@
 """Conversion on Ray (``--executor ray``) against the local executor, on a real local Ray
-instance (one for the module: it takes seconds to start on two cores).
+instance (one for the module: it takes seconds to start on two cores), each run by a driver
+process of its own (``tests/ray_nodes.py`` says why).
 
 Every format gives the dataset the local executor gives (content checksum, and the samples
 read back: pixels, labels, source paths), hdf5 and lmdb in several files; bad images follow
@@ -29,6 +30,7 @@ from readers import spec
 from scripts.s3_server import S3Server, local_s3_server
 from tests.conftest import SAMPLE_DATA
 from tests.photos import photo_folder
+from tests.ray_nodes import RayDriver
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARD = 8  # sample_data's 32 images in 4 shards
@@ -49,15 +51,6 @@ def s3_server() -> Iterator[S3Server]:
 
 
 @pytest.fixture(scope="module")
-def ray_address(s3_server: S3Server) -> Iterator[str]:
-    """A local Ray instance for the module; its address, for drivers in subprocesses."""
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A source slow enough to be caught mid-run: 480 photos in 3 classes."""
     return photo_folder(tmp_path_factory.mktemp("ray-photos"), PHOTOS, 240, 320)
@@ -67,13 +60,17 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def photos_checksum(photos: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The content checksum of the local executor's dataset of ``photos``."""
     dst = tmp_path_factory.mktemp("ray-photos-local")
-    return manifest(convert(photos, dst, "local", options=PHOTO_OPTIONS))["content_sha256"]
+    return manifest(convert(photos, dst, None, options=PHOTO_OPTIONS))["content_sha256"]
 
 
-def convert(src: Path, dst: Path, executor: str, **kw) -> Path:
+def convert(src: Path, dst: Path, on: RayDriver | None, **kw) -> Path:
+    """``src`` converted into ``dst`` by the local executor, or on Ray ``on`` a driver."""
     fmt = kw.pop("fmt", "wds")
     options = ConvertOptions(format=fmt, **kw.pop("options", OPTIONS))
-    convert_folder(src, dst, options, workers=2, progress=False, executor=executor, **kw)
+    if on is None:
+        convert_folder(src, dst, options, workers=2, progress=False, **kw)
+    else:  # the cluster's CPUs
+        on.convert(src, dst, options, progress=False, **kw)
     return dst
 
 
@@ -100,44 +97,44 @@ def with_bad_image(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("fmt", spec.FORMATS)
-def test_ray_writes_the_local_dataset(ray_address: str, tmp_path: Path, fmt: str) -> None:
-    local = convert(SAMPLE_DATA, tmp_path / "local", "local", fmt=fmt)
-    on_ray = convert(SAMPLE_DATA, tmp_path / "ray", "ray", fmt=fmt)
+def test_ray_writes_the_local_dataset(ray_driver: RayDriver, tmp_path: Path, fmt: str) -> None:
+    local = convert(SAMPLE_DATA, tmp_path / "local", None, fmt=fmt)
+    on_ray = convert(SAMPLE_DATA, tmp_path / "ray", ray_driver, fmt=fmt)
     assert manifest(on_ray)["content_sha256"] == manifest(local)["content_sha256"]
     assert len(manifest(on_ray)["shards"]) == 4  # hdf5 and lmdb too: one file per shard
     assert_same_samples(on_ray, local)
 
 
-def test_ray_skips_bad_images_as_local(ray_address: str, tmp_path: Path) -> None:
+def test_ray_skips_bad_images_as_local(ray_driver: RayDriver, tmp_path: Path) -> None:
     src = with_bad_image(tmp_path)
-    local = convert(src, tmp_path / "local", "local")
-    on_ray = convert(src, tmp_path / "ray", "ray")
+    local = convert(src, tmp_path / "local", None)
+    on_ray = convert(src, tmp_path / "ray", ray_driver)
     assert manifest(on_ray)["content_sha256"] == manifest(local)["content_sha256"]
     assert manifest(on_ray)["skipped"] == manifest(local)["skipped"] == 1
     errors = "errors.jsonl"
     assert (on_ray / errors).read_text() == (local / errors).read_text()
 
 
-def test_ray_stops_at_bad_image_and_resumes(ray_address: str, tmp_path: Path) -> None:
+def test_ray_stops_at_bad_image_and_resumes(ray_driver: RayDriver, tmp_path: Path) -> None:
     src = with_bad_image(tmp_path)
     messages = []
-    for executor in ("local", "ray"):
+    for name, on in (("local", None), ("ray", ray_driver)):
         with pytest.raises(BadInputError) as stopped:
-            convert(src, tmp_path / executor, executor, on_error="fail")
+            convert(src, tmp_path / name, on, on_error="fail")
         messages.append(str(stopped.value))
-        assert not (tmp_path / executor / spec.MANIFEST_NAME).exists()
+        assert not (tmp_path / name / spec.MANIFEST_NAME).exists()
     assert messages[1] == messages[0]
     assert BAD in messages[0] and "--resume" in messages[0]
     shutil.copy(SAMPLE_DATA / BAD, src / BAD)  # fixed
-    convert(src, tmp_path / "ray", "ray", on_error="fail", resume=True)
-    reference = convert(SAMPLE_DATA, tmp_path / "reference", "local")
+    convert(src, tmp_path / "ray", ray_driver, on_error="fail", resume=True)
+    reference = convert(SAMPLE_DATA, tmp_path / "reference", None)
     assert manifest(tmp_path / "ray")["content_sha256"] == manifest(reference)["content_sha256"]
 
 
-def test_ray_refuses_shard_bytes(ray_address: str, tmp_path: Path) -> None:
+def test_ray_refuses_shard_bytes(ray_driver: RayDriver, tmp_path: Path) -> None:
     options = {**OPTIONS, "shard_bytes": 1 << 20}
     with pytest.raises(ValueError, match=r"--shard-bytes.*--shard-size"):
-        convert(SAMPLE_DATA, tmp_path / "dst", "ray", options=options)
+        convert(SAMPLE_DATA, tmp_path / "dst", ray_driver, options=options)
     assert not (tmp_path / "dst").exists()
 
 
@@ -156,7 +153,7 @@ def ray_workers_running(task: str) -> list[int]:
 
 
 def test_ray_reruns_the_task_of_a_killed_worker(
-    ray_address: str, photos: Path, photos_checksum: str, tmp_path: Path
+    ray_driver: RayDriver, photos: Path, photos_checksum: str, tmp_path: Path
 ) -> None:
     killed: list[int] = []
     done = threading.Event()
@@ -171,7 +168,7 @@ def test_ray_reruns_the_task_of_a_killed_worker(
     killer = threading.Thread(target=kill_one_preparing)
     killer.start()
     try:
-        on_ray = convert(photos, tmp_path / "ray", "ray", options=PHOTO_OPTIONS)
+        on_ray = convert(photos, tmp_path / "ray", ray_driver, options=PHOTO_OPTIONS)
     finally:
         done.set()
         killer.join()
@@ -188,12 +185,16 @@ def journaled(dst: Path) -> int:
 
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_ray_driver_stopped_mid_run_resumes(
-    ray_address: str, photos: Path, photos_checksum: str, tmp_path: Path, stop: signal.Signals
+    ray_driver: RayDriver,
+    photos: Path,
+    photos_checksum: str,
+    tmp_path: Path,
+    stop: signal.Signals,
 ) -> None:
     """A driver killed (its tasks end with its job) or stopped (it cancels them first)."""
     dst = tmp_path / "ray"
     args = ["--format", "wds", "--encoding", "jpeg", "--resize", "128", "--shard-size", "10"]
-    args += ["--executor", "ray", "--ray-address", ray_address, "--no-progress"]
+    args += ["--executor", "ray", "--ray-address", ray_driver.address, "--no-progress"]
     driver = subprocess.Popen(
         [sys.executable, "-m", "convert.cli", "convert", str(photos), str(dst), *args],
         cwd=ROOT,
@@ -214,7 +215,7 @@ def test_ray_driver_stopped_mid_run_resumes(
         assert "rerun the same command with --resume" in stderr
 
     options = ConvertOptions(format="wds", **PHOTO_OPTIONS)
-    result = convert_folder(photos, dst, options, resume=True, progress=False, executor="ray")
+    result = ray_driver.convert(photos, dst, options, resume=True, progress=False)
     assert result.resumed >= 30  # the journaled shards were kept
     assert manifest(dst)["content_sha256"] == photos_checksum
 
@@ -234,10 +235,10 @@ def test_ray_missing_says_how_to_install(tmp_path: Path) -> None:
     assert not (tmp_path / "dst").exists()
 
 
-def test_ray_converts_to_an_object_store_destination(ray_address: str, tmp_path: Path) -> None:
-    local = convert(SAMPLE_DATA, tmp_path / "local", "local")
+def test_ray_converts_to_an_object_store_destination(ray_driver: RayDriver, tmp_path: Path) -> None:
+    local = convert(SAMPLE_DATA, tmp_path / "local", None)
     url = f"s3://{BUCKET}/wds"
-    convert(SAMPLE_DATA, url, "ray", staging=tmp_path / "staging")
+    convert(SAMPLE_DATA, url, ray_driver, staging=tmp_path / "staging")
     remote = readers.load_manifest(url)
     assert remote.content_sha256 == manifest(local)["content_sha256"]
     assert len(remote.shards) == 4 and not (tmp_path / "staging").exists()
@@ -245,7 +246,7 @@ def test_ray_converts_to_an_object_store_destination(ray_address: str, tmp_path:
 
 
 def test_ray_resumes_an_object_store_conversion_on_another_machine(
-    ray_address: str, photos: Path, photos_checksum: str, tmp_path: Path
+    ray_driver: RayDriver, photos: Path, photos_checksum: str, tmp_path: Path
 ) -> None:
     """The journal is in the bucket: a driver killed mid-run, its staging folder lost, is
     resumed elsewhere, keeping the shards it uploaded (planned shards, in any order)."""
@@ -254,7 +255,7 @@ def test_ray_resumes_an_object_store_conversion_on_another_machine(
 
     url = f"s3://{BUCKET}/resume/wds"
     args = ["--format", "wds", "--encoding", "jpeg", "--resize", "128", "--shard-size", "10"]
-    args += ["--executor", "ray", "--ray-address", ray_address, "--no-progress"]
+    args += ["--executor", "ray", "--ray-address", ray_driver.address, "--no-progress"]
     args += ["--staging", str(tmp_path / "a")]
     driver = subprocess.Popen(
         [sys.executable, "-m", "convert.cli", "convert", str(photos), url, *args],
@@ -273,14 +274,8 @@ def test_ray_resumes_an_object_store_conversion_on_another_machine(
     driver.communicate(timeout=60)
     shutil.rmtree(tmp_path / "a")
     options = ConvertOptions(format="wds", **PHOTO_OPTIONS)
-    result = convert_folder(
-        photos,
-        url,
-        options,
-        resume=True,
-        progress=False,
-        executor="ray",
-        staging=tmp_path / "b",
+    result = ray_driver.convert(
+        photos, url, options, resume=True, progress=False, staging=tmp_path / "b"
     )
     assert result.resumed >= 30  # the journaled shards were kept
     assert readers.load_manifest(url).content_sha256 == photos_checksum

@@ -8,22 +8,14 @@ bucket at all (an IAM policy the server enforces), so a run that completes prove
 shard went up from the driver. The dataset is the local executor's (content checksum, and
 the samples read back).
 
-A module of its own: its driver joins this cluster, while ``tests/test_ray.py``'s join a
-local instance (a process joins one Ray cluster at a time).
+The driver runs in a process of its own, as in ``tests/test_ray.py`` (``tests/ray_nodes.py``
+says why).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import logging
 import os
-import signal
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import fsspec
@@ -36,15 +28,13 @@ from convert.journal import ENTRY_PREFIX
 from convert.remote import RemoteDestination, ShardUploader
 from readers import spec
 from readers.storage.remote import RemoteFolder, StorageError
-from scripts.s3_server import free_port, local_s3_server
+from scripts.s3_server import local_s3_server
 from tests.conftest import SAMPLE_DATA
+from tests.ray_nodes import RayDriver, convert_logging_nodes, ray_cluster
 from tests.test_ray import assert_same_samples
 
 ROOT = Path(__file__).resolve().parent.parent
-RAY = str(Path(sys.executable).with_name("ray"))
 WORKER_RESOURCE = "imgpack_test_worker_node"
-STARTED = b"Ray runtime started"
-START_S = 60
 BUCKET = "imgpack-cluster"
 PREFIX = "wds"
 # Raw pixels: each shard's prepared samples (8 x 80x106x3 bytes) exceed Ray's 100 KB inline
@@ -53,80 +43,14 @@ PREFIX = "wds"
 OPTIONS = {"encoding": "raw", "resize": 80, "exact_resize": True, "shard_size": 8}
 
 
-def _start_node(args: list[str], folder: Path, env: dict[str, str]) -> subprocess.Popen:
-    """``ray start --block ...`` in a process group of its own, once it says it started.
-    Its session files go into ``folder`` (short: Ray's socket paths must fit in 107
-    bytes), as does the cluster address that ``ray start`` leaves for a bare
-    ``ray.init()``: in the default ``/tmp/ray`` it would send every later ``ray.init()``
-    on this machine (other tests, other users) to this cluster, stopped."""
-    folder.mkdir()
-    log = folder / "ray-start.log"
-    ports = [
-        "--node-manager-port",
-        "--object-manager-port",
-        "--dashboard-agent-listen-port",
-        "--dashboard-agent-grpc-port",
-        "--runtime-env-agent-port",
-        "--metrics-export-port",
-    ]
-    command = [RAY, "start", "--block", "--num-cpus=1", "--disable-usage-stats", *args]
-    command += [f"{flag}={free_port()}" for flag in ports]
-    command += [f"--object-store-memory={100 << 20}", f"--temp-dir={folder}"]
-    with open(log, "wb") as out:
-        node = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    deadline = time.monotonic() + START_S
-    while STARTED not in log.read_bytes():
-        if node.poll() is not None or time.monotonic() > deadline:
-            _stop_nodes([node])
-            raise RuntimeError(f"ray start failed: {log.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.1)
-    return node
-
-
-def _stop_nodes(nodes: list[subprocess.Popen]) -> None:
-    """Stop each node as ``ray start --block`` does on SIGTERM (its raylet, its workers...),
-    then kill whatever is left in its process group."""
-    for node in nodes:
-        with contextlib.suppress(ProcessLookupError):
-            node.terminate()
-    for node in nodes:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            node.wait(timeout=30)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(node.pid, signal.SIGKILL)
-        node.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def ray_cluster(env: dict[str, str]) -> Iterator[str]:
-    """A head node and a worker node (with :data:`WORKER_RESOURCE`), one CPU each, their
-    processes started with ``env``; yields the head's address. Only these two are stopped
-    afterwards (never ``ray stop``, which stops every Ray instance on the machine), and
-    their files removed."""
-    port = free_port()
-    head_args = ["--head", f"--port={port}", "--include-dashboard=false"]
-    head_args += [f"--dashboard-port={free_port()}"]
-    with tempfile.TemporaryDirectory(prefix="imgpack-ray-", dir="/tmp") as folder:
-        nodes = [_start_node(head_args, Path(folder, "head"), env)]
-        try:
-            address = f"127.0.0.1:{port}"
-            worker_args = [f"--address={address}", f'--resources={{"{WORKER_RESOURCE}": 1}}']
-            nodes.append(_start_node(worker_args, Path(folder, "worker"), env))
-            yield address
-        finally:
-            _stop_nodes(nodes)
-
-
 def _arn(name: str) -> str:
     return f"arn:aws:s3:::{BUCKET}/{PREFIX}/{name}"
 
 
 def test_ray_cluster_uploads_each_shard_from_the_node_that_wrote_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     options = ConvertOptions(format="wds", **OPTIONS)
     local = tmp_path / "local"
     convert_folder(SAMPLE_DATA, local, options, workers=2, progress=False)
@@ -153,41 +77,36 @@ def test_ray_cluster_uploads_each_shard_from_the_node_that_wrote_it(
                 },
             }
         )
-        node_env = {**os.environ, **keys["nodes"], "RAY_AUTH_MODE": "disabled"}
+        node_env = {**os.environ, **keys["nodes"]}
         node_env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
         )
         for name, value in keys["driver"].items():
             monkeypatch.setenv(name, value)
-        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
         fsspec.get_filesystem_class("s3").clear_instance_cache()  # made with other keys
         # The driver may not put a shard: the run below cannot complete if it uploads one.
         with pytest.raises(StorageError, match="permission denied"):
             RemoteFolder(url).write(spec.shard_name("wds", 99), b"")
 
-        with ray_cluster(node_env) as address:
-            ray.init(address=address, log_to_driver=False)
+        with ray_cluster(node_env, head_cpus=1, worker_resource=WORKER_RESOURCE) as address:
+            driver = RayDriver(address)  # the driver's keys: those set above
             try:
-                alive = [n for n in ray.nodes() if n["Alive"]]
-                worker = {n["NodeID"] for n in alive if WORKER_RESOURCE in n["Resources"]}
-                assert len(alive) == 2 and len(worker) == 1
-                with caplog.at_level(logging.DEBUG, logger="convert.executors.ray_tasks"):
-                    result = convert_folder(
-                        SAMPLE_DATA,
-                        url,
-                        options,
-                        progress=False,
-                        executor="ray",
-                        staging=tmp_path / "staging",
-                    )
+                result, alive, logged = driver.call(
+                    convert_logging_nodes,
+                    SAMPLE_DATA,
+                    url,
+                    options,
+                    progress=False,
+                    executor="ray",
+                    ray_address=address,
+                    staging=tmp_path / "staging",
+                )
             finally:
-                ray.shutdown()
+                driver.close()
+        worker = {n["NodeID"] for n in alive if WORKER_RESOURCE in n["Resources"]}
+        assert len(alive) == 2 and len(worker) == 1
 
-        uploaded_on = {
-            r.args[0]: r.args[2]
-            for r in caplog.records
-            if r.name == "convert.executors.ray_tasks" and r.args[1] == "written and uploaded"
-        }
+        uploaded_on = {args[0]: args[2] for args in logged if args[1] == "written and uploaded"}
         assert sorted(uploaded_on) == [spec.shard_name("wds", i) for i in range(4)]
         assert set(uploaded_on.values()) == {n["NodeID"] for n in alive}  # both nodes
         assert result.written == 32 and not (tmp_path / "staging").exists()
