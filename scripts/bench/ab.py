@@ -4,7 +4,8 @@ A child is a module of this package, run as ``python -m scripts.bench.<child> AR
 fresh process, whose last line of output is one JSON object (:mod:`scripts.bench.child`); a
 rate child's has ``rate`` and ``unit``. :func:`worktree` checks REV out into a temporary git
 worktree and copies this tree's ``scripts/bench/`` into it, so that both sides run the same
-measuring code over their own ``readers`` and ``convert``: the child runs with the tree as its
+measuring code over their own ``readers`` and ``convert`` (and their own compiled crop kernel,
+built there when this tree has one built): the child runs with the tree as its
 working directory, which ``python -m`` puts first on ``sys.path``. :func:`run_child` checks
 that the child did import that tree's ``readers``.
 
@@ -42,6 +43,14 @@ class ChildFailed(RuntimeError):
     """A child process exited with an error, or ran another tree's code."""
 
 
+def _build_kernel(tree: Path, temp: Path) -> None:
+    """``tree``'s crop kernel built in place, as ``make`` builds this tree's."""
+    build = [sys.executable, "setup.py", "-q", "build_ext", "--inplace", f"--build-temp={temp}"]
+    done = subprocess.run(build, cwd=tree, capture_output=True, text=True)
+    if done.returncode != 0 or not any((tree / "readers" / "images").glob("jpegcrop*.so")):
+        raise ChildFailed(f"{tree}: the crop kernel did not build: {done.stderr[-2000:]}")
+
+
 @contextmanager
 def worktree(rev: str) -> Iterator[Path]:
     """``rev`` checked out (detached) in a temporary git worktree of this repository, with
@@ -54,6 +63,8 @@ def worktree(rev: str) -> Iterator[Path]:
             harness = tree / "scripts" / "bench"
             shutil.rmtree(harness, ignore_errors=True)
             shutil.copytree(HARNESS, harness, ignore=shutil.ignore_patterns("__pycache__"))
+            if any((ROOT / "readers" / "images").glob("jpegcrop*.so")):
+                _build_kernel(tree, Path(scratch) / "build")
             yield tree
         finally:
             remove = ["git", "worktree", "remove", "--force", str(tree)]
