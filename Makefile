@@ -8,14 +8,11 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): setup.cfg setup.py readers/images/jpegcrop.c
 	@# libturbojpeg for the fast JPEG path (without it imgpack falls back to Pillow), and
-	@# libjpeg's and zlib's headers for the compiled crop kernel (without them crops take the
-	@# Python path).
+	@# libjpeg's headers for the compiled crop kernel (without them crops take the Python path).
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-		&& { ! ldconfig -p | grep -q libturbojpeg || [ ! -e /usr/include/jpeglib.h ] \
-			|| [ ! -e /usr/include/zlib.h ]; }; then \
-		(apt-get update -qq && apt-get install -y -qq libturbojpeg0 libjpeg62-turbo-dev zlib1g-dev \
-			>/dev/null) \
-		|| echo "warning: libturbojpeg0/libjpeg62-turbo-dev/zlib1g-dev not installed; JPEG decoding will use Pillow"; fi
+		&& { ! ldconfig -p | grep -q libturbojpeg || [ ! -e /usr/include/jpeglib.h ]; }; then \
+		(apt-get update -qq && apt-get install -y -qq libturbojpeg0 libjpeg62-turbo-dev >/dev/null) \
+		|| echo "warning: libturbojpeg0/libjpeg62-turbo-dev not installed; JPEG decoding will use Pillow"; fi
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	@# The CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build.

@@ -19,10 +19,9 @@ if STATIC_PREFIX:
     LIBJPEG = {
         "include_dirs": [os.path.join(STATIC_PREFIX, "include")],
         "extra_objects": [os.path.join(STATIC_PREFIX, "lib", "libjpeg.a")],
-        "libraries": ["z"],  # zlib's crc32_z: the system's (manylinux allows libz.so.1)
     }
 else:
-    LIBJPEG = {"libraries": ["jpeg", "z"]}
+    LIBJPEG = {"libraries": ["jpeg"]}
 
 KERNEL = Extension(
     "readers.images.jpegcrop",

@@ -265,19 +265,14 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         rows: torch.Tensor,
     ) -> None:
         """Decode, crop and resize each sample into its HWC row of ``rows``, each decode
-        thread reading its part of the batch (unless its stored ``values`` are given), which
-        the kernel checks against their CRC-32s where every shard records them: see
+        thread reading its part of the batch (unless its stored ``values`` are given): see
         :func:`readers.images.fused.crop_parts`. Every shard is opened here first."""
         verified = all(self.shard(s).verified for s in {s for s, _ in located})
 
-        def read(part: slice) -> tuple[list[Any], np.ndarray | None]:
+        def read(part: slice) -> list[Any]:
             if values is not None:
-                return values[part], None
-            if not verified:
-                return [self.shard(s).read(k) for s, k in located[part]], None
-            shards = [(self.shard(s), k) for s, k in located[part]]  # checked in the kernel
-            crcs = np.array([shard.crcs.of(k) for shard, k in shards], dtype=np.uint32)
-            return [shard.read_unchecked(k) for shard, k in shards], crcs
+                return values[part]
+            return [self.shard(s).read(k) for s, k in located[part]]
 
         crop_parts(
             read,

@@ -14,7 +14,6 @@ import sys
 import sysconfig
 import textwrap
 import zipfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -536,39 +535,6 @@ def test_stopping_after_the_box_gives_the_same_pixels(jpeg_dataset: Path, crop) 
         assert failed.tolist() == []
     np.testing.assert_array_equal(rows[0], rows[1])
     assert (boxes[:, 0] + boxes[:, 2] < sizes[:, 0]).any()  # some boxes end above the bottom
-
-
-@needs_kernel
-def test_recorded_crcs_are_checked_in_the_kernel_before_each_decode(jpeg_dataset: Path) -> None:
-    # crop= batches hand the kernel unchecked bytes and their recorded CRC-32s: damage below
-    # every box, which a decode stopping after the box never reads, must still be caught
-    crop = readers.RandomResizedCrop(224, flip=True, seed=2)
-    ds = readers.open_dataset(jpeg_dataset)
-    values = [bytes(v) for v in ds.read_stored(range(len(ds)))]
-    crcs = np.array([zlib.crc32(v) for v in values], dtype=np.uint32)
-    headers = kernel.jpeg_headers(kernel.crop_kernel(), values)
-    sizes = headers[:, [kernel.HEIGHT, kernel.WIDTH]]
-    boxes = crop.boxes(sizes, np.arange(len(ds)))
-    row = int(np.argmax(sizes[:, 0] - (boxes[:, 0] + boxes[:, 2])))  # most rows below its box
-    damaged = list(values)
-    tail = bytearray(values[row])
-    tail[-3] ^= 0x55  # entropy-coded data just before EOI
-    damaged[row] = bytes(tail)
-
-    def crop_all(batch: list[bytes], **kw) -> tuple[list[int], np.ndarray]:
-        out = np.zeros((len(batch), 224, 224, 3), dtype=np.uint8)
-        rows = np.arange(len(batch))
-        return kernel.crop_rows(kernel.crop_kernel(), batch, rows, boxes, sizes, out, **kw), out
-
-    failed, checked = crop_all(values, crcs=crcs)
-    _, verified = crop_all(values, verified=True)
-    assert failed.tolist() == [] and np.array_equal(checked, verified)
-    failed, out = crop_all(damaged, crcs=crcs)
-    assert failed.tolist() == [row] and not out[row].any()  # refused, not decoded
-    assert np.array_equal(np.delete(out, row, 0), np.delete(verified, row, 0))
-    failed, _ = crop_all(damaged, verified=True)
-    assert failed.tolist() == []  # what stopping after the box alone would have let through
-    # (damaged shard files on every read path, crop= batches included: test_damage_conformance)
 
 
 @needs_kernel

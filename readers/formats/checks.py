@@ -3,10 +3,9 @@ encoded samples (:func:`readers.spec.sample_crc`), compared with the bytes just 
 the header of a raw ``wds`` sample's ``.npy`` member.
 
 Each format's shard reader checks in its ``read`` (the wds readers also in ``read_many`` and
-``read_pixels``), which ``ds[i]``, ``__getitems__``, the stream and ``imgpack verify`` all go
-through; ``crop=`` batches read with ``read_unchecked`` and check each sample just before
-decoding it (the compiled kernel in its GIL-free loop, else :func:`check_crc`), so that a
-damaged sample is the same ``DatasetError`` naming ``shard[index]`` whichever path reads it.
+``read_pixels``), which ``ds[i]``, ``__getitems__``, ``crop=``, the stream and ``imgpack
+verify`` all go through, so that a damaged sample is the same ``DatasetError`` naming
+``shard[index]`` whichever path reads it.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import numpy as np
 
 from readers.spec import DatasetError, sample_crc
 
-__all__ = ["SampleCrcs", "check_crc", "npy_pixels", "raw_pixels"]
+__all__ = ["SampleCrcs", "npy_pixels", "raw_pixels"]
 
 
 class SampleCrcs:
@@ -46,26 +45,12 @@ class SampleCrcs:
         """Raise DatasetError naming ``shard[i]`` unless ``data`` has sample ``i``'s CRC."""
         if self._crcs is None:
             return
-        try:
-            check_crc(data, int(self._crcs[i]))
-        except ValueError as e:
-            raise DatasetError(f"{self._where}[{i}]: {e}") from None
-
-    def of(self, i: int) -> int:
-        """The CRC-32 recorded for sample ``i`` (only where :attr:`recorded`)."""
-        if self._crcs is None:
-            raise ValueError(f"{self._where}: no CRC-32s recorded")
-        return int(self._crcs[i])
-
-
-def check_crc(data: bytes | memoryview | np.ndarray, recorded: int) -> None:
-    """Raise ValueError unless ``data`` has the CRC-32 ``recorded`` (the caller names it)."""
-    actual = sample_crc(data)
-    if actual != recorded:
-        raise ValueError(
-            f"stored bytes fail their CRC-32 ({actual:08x}, recorded {recorded:08x}): "
-            "damaged since the conversion (imgpack verify names the shard)"
-        )
+        actual, recorded = sample_crc(data), int(self._crcs[i])
+        if actual != recorded:
+            raise DatasetError(
+                f"{self._where}[{i}]: stored bytes fail their CRC-32 ({actual:08x}, recorded "
+                f"{recorded:08x}): damaged since the conversion (imgpack verify names the shard)"
+            )
 
 
 def npy_pixels(data: bytes, where: str, shape: tuple[int, int, int] | None) -> np.ndarray:

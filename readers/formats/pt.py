@@ -64,11 +64,6 @@ class PtShard(ShardReader):
         self.crcs.check(i, chunk)
         return memoryview(chunk)
 
-    def read_unchecked(self, i: int) -> memoryview | np.ndarray:
-        if self._images is not None or self._shapes is not None:
-            return self.read(i)
-        return memoryview(self._data[self._offsets[i] : self._offsets[i + 1]])
-
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
         torch.index_select(self._images, 0, torch.from_numpy(idx), out=out)
 

@@ -31,12 +31,6 @@ class ShardReader(ABC):
     def read(self, i: int) -> bytes | memoryview | np.ndarray:
         """Stored value of local sample ``i``: encoded bytes or uint8 HWC pixels."""
 
-    def read_unchecked(self, i: int) -> bytes | memoryview | np.ndarray:
-        """Sample ``i`` as :meth:`read` gives it, an encoded one perhaps not yet checked
-        against :attr:`crcs`: for a caller that checks it just before decoding it (``crop=``
-        batches, in the compiled kernel's GIL-free loop). This default checks it here."""
-        return self.read(i)
-
     @abstractmethod
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
         """Copy raw fixed-shape samples ``idx`` into ``out`` ([k, H, W, 3] uint8)."""

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from readers.formats.checks import check_crc
 from readers.images.crop import Crop
 from readers.images.decode import check_pixels, decode_image, decoder_name, pixel_limit
 from readers.images.jpeg import JPEG_EOI, is_jpeg, jpeg_header
@@ -160,7 +159,6 @@ def crop_batch(
     rows: np.ndarray,
     where: Callable[[int], str],
     verified: bool = False,
-    crcs: np.ndarray | None = None,
 ) -> None:
     """Fill ``rows`` (uint8 ``[n, H, W, 3]``) with the crops of the stored ``values`` of
     samples ``indices``, on the calling thread (a decode thread: the caller splits a batch
@@ -168,9 +166,7 @@ def crop_batch(
     the compiled kernel takes decoded in one call without the GIL
     (:mod:`readers.images.kernel`), the rest one by one. ``verified``: the values passed
     their CRC-32 (:attr:`readers.formats.reader.ShardReader.verified`), so the kernel may
-    stop decoding after each box. ``crcs``: the CRC-32s the values' shards recorded, not
-    checked yet: each value is checked just before it is decoded (by the kernel, or here),
-    and is then verified.
+    stop decoding after each box.
 
     Raises:
         DatasetError: naming the sample (``where(row)``) that cannot be decoded.
@@ -194,8 +190,6 @@ def crop_batch(
     found: list[Probe | None] = [None] * n
     known = fast.copy()  # the rows whose size is known before decoding
     for row in np.flatnonzero(~fast):
-        if crcs is not None:  # before anything but the header walk reads the bytes
-            named(row, lambda r=row: check_crc(values[r], int(crcs[r])))
         probed = found[row] = named(row, lambda v=values[row]: probe(v, turbo))
         if probed is not None:
             sizes[row], known[row] = (probed.height, probed.width), True
@@ -204,10 +198,8 @@ def crop_batch(
         boxes[known] = crop.boxes(sizes[known], indices[known])
     failed = np.flatnonzero(fast)
     if kernel is not None and len(failed):
-        failed = crop_rows(kernel, values, failed, boxes, sizes, rows, None, verified, crcs)
-    for row in failed:  # libjpeg failed or warned (or the CRC-32): judged as without the kernel
-        if crcs is not None:
-            named(row, lambda r=row: check_crc(values[r], int(crcs[r])))
+        failed = crop_rows(kernel, values, failed, boxes, sizes, rows, verified=verified)
+    for row in failed:  # libjpeg failed or warned: judged as without the kernel
         data = values[row]
         height, width = (int(v) for v in sizes[row])
         found[row] = Probe(data if isinstance(data, bytes) else bytes(data), height, width)
@@ -224,7 +216,7 @@ def crop_batch(
 
 
 def crop_parts(
-    read: Callable[[slice], tuple[Sequence[bytes | memoryview | np.ndarray], np.ndarray | None]],
+    read: Callable[[slice], Sequence[bytes | memoryview | np.ndarray]],
     indices: np.ndarray,
     crop: Crop,
     rows: np.ndarray,
@@ -235,12 +227,10 @@ def crop_parts(
 ) -> None:
     """Fill ``rows`` with the crops of samples ``indices``, the batch cut into one
     contiguous part per decode thread: each thread reads its part's stored values
-    (``read(part)``: the values, and their recorded CRC-32s where the values are not
-    checked yet; the readers release the GIL for their I/O) and crops them
-    (:func:`crop_batch`: one kernel call, which checks those CRC-32s). Measured against
-    reading the whole batch on the calling thread first (3 % fewer samples/s) and against
-    reading it part by part there while the threads decode (slower still):
-    docs/BENCHMARKS.md.
+    (``read(part)``; the readers release the GIL for their I/O and CRC-32s) and crops them
+    (:func:`crop_batch`: one kernel call). Measured against reading the whole batch on the
+    calling thread first (3 % fewer samples/s) and against reading it part by part there
+    while the threads decode (slower still): docs/BENCHMARKS.md.
 
     Raises:
         DatasetError: for the first part, in order, with a sample (``where(row)``) that
@@ -250,7 +240,6 @@ def crop_parts(
     def decode(part: slice) -> None:
         start = part.start
         named = lambda row: where(start + row)  # noqa: E731
-        values, crcs = read(part)
-        crop_batch(values, indices[part], crop, rows[part], named, verified, crcs)
+        crop_batch(read(part), indices[part], crop, rows[part], named, verified)
 
     pool.map(decode, batch_parts(len(indices), threads), threads)

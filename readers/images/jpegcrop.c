@@ -5,7 +5,7 @@
  *   headers(values, out)  one row of HEADER_FIELDS int64 per value, from the markers alone
  *                         (the walk of readers.images.jpeg.jpeg_header, plus the frame's
  *                         type, precision and components);
- *   crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar[, crcs]]]])
+ *   crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar]]])
  *                         for each row in `rows`: decode the box `boxes[row]` of the JPEG
  *                         `values[row]` (of the size `sizes[row]`) with libjpeg
  *                         (jpeg_crop_scanline for its columns, jpeg_skip_scanlines to an iMCU
@@ -22,10 +22,7 @@
  * file. Unless the caller says the bytes are `verified` (they passed the CRC-32 recorded
  * when they were known to decode cleanly), the rest of the entropy-coded data is still read
  * after the box (without IDCT), so the kernel refuses exactly the files a full decode warns
- * about; verified, the decode stops after the box's last row. With `crcs` (the CRC-32 each
- * value's shard recorded, not checked yet) each value's bytes are checked first, in the same
- * GIL-free loop while they are about to be decoded anyway: a mismatch is a status (the caller
- * names the damage), a match makes the value verified.
+ * about; verified, the decode stops after the box's last row.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -38,7 +35,6 @@
 #include <string.h>
 
 #include <jpeglib.h>
-#include <zlib.h>
 
 enum { HEADER_FIELDS = 8 };
 /* Columns of headers(): whether the markers parse, then what they say. */
@@ -49,7 +45,6 @@ enum {
     CROP_LIBJPEG = 1,     /* libjpeg failed or warned: the fallback judges the file */
     CROP_UNSUPPORTED = 2, /* not what the kernel decodes (CMYK, another size than probed) */
     CROP_MEMORY = 3,
-    CROP_DAMAGED = 4, /* the bytes fail the CRC-32 their shard recorded */
 };
 
 enum { SLACK = 16 }; /* bytes readable after any source row: the AVX2 resize reads past it */
@@ -777,12 +772,12 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
 }
 
 static PyObject *crop(PyObject *self, PyObject *args) {
-    PyObject *values, *rows_obj, *boxes_obj, *out_obj, *status_obj, *sizes_obj, *crcs_obj = Py_None;
+    PyObject *values, *rows_obj, *boxes_obj, *out_obj, *status_obj, *sizes_obj;
     int out_h, out_w, dct = 0, verified = 0, planar = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!OOOOOii|ippO", &PyList_Type, &values, &rows_obj, &boxes_obj,
+    if (!PyArg_ParseTuple(args, "O!OOOOOii|ipp", &PyList_Type, &values, &rows_obj, &boxes_obj,
                           &sizes_obj, &out_obj, &status_obj, &out_h, &out_w, &dct, &verified,
-                          &planar, &crcs_obj))
+                          &planar))
         return NULL;
     if (out_h <= 0 || out_w <= 0) {
         PyErr_SetString(PyExc_ValueError, "the output size must be positive");
@@ -793,7 +788,7 @@ static PyObject *crop(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(values);
-    Py_buffer rows_v, boxes_v, sizes_v, out_v, status_v, crcs_v;
+    Py_buffer rows_v, boxes_v, sizes_v, out_v, status_v;
     if (PyObject_GetBuffer(rows_obj, &rows_v, PyBUF_C_CONTIGUOUS) < 0) return NULL;
     Py_ssize_t m = rows_v.len / (Py_ssize_t)sizeof(int64_t);
     const int64_t *rows = rows_v.buf;
@@ -802,12 +797,9 @@ static PyObject *crop(PyObject *self, PyObject *args) {
     if (got == 1 && get_array(sizes_obj, &sizes_v, 0, 2 * sizeof(int64_t), n, "sizes") == 0) got++;
     if (got == 2 && get_array(out_obj, &out_v, 1, (Py_ssize_t)out_h * out_w * 3, n, "out") == 0) got++;
     if (got == 3 && get_array(status_obj, &status_v, 1, sizeof(int32_t), n, "status") == 0) got++;
-    int checked = crcs_obj != Py_None; /* each value's CRC-32 checked here first */
-    if (got == 4 && (!checked || get_array(crcs_obj, &crcs_v, 0, sizeof(uint32_t), n, "crcs") == 0))
-        got++;
     Py_buffer *views = NULL;
     Bytes *bytes = NULL;
-    int ok = got == 5;
+    int ok = got == 4;
     for (Py_ssize_t k = 0; ok && k < m; k++)
         if (rows[k] < 0 || rows[k] >= n) {
             PyErr_Format(PyExc_IndexError, "row %lld of a batch of %zd", (long long)rows[k], n);
@@ -846,16 +838,11 @@ static PyObject *crop(PyObject *self, PyObject *args) {
                 int64_t row = rows[k];
                 const int64_t *bx = boxes + row * 5;
                 Box box = {bx[0], bx[1], bx[2], bx[3], bx[4]};
-                /* crcs_v.buf, not a pointer kept in a register across the setjmp */
-                if (checked &&
-                    crc32_z(0, bytes[k].data, bytes[k].size) != ((const uint32_t *)crcs_v.buf)[row])
-                    status[row] = CROP_DAMAGED;
-                else
-                    status[row] = box.height > 0 && box.width > 0
-                                      ? crop_one(&cinfo, &errors, bytes[k], box, out + row * row_bytes,
-                                                 out_h, out_w, sizes[row * 2], sizes[row * 2 + 1], dct,
-                                                 verified || checked, planar, &scratch)
-                                      : CROP_UNSUPPORTED;
+                status[row] = box.height > 0 && box.width > 0
+                                  ? crop_one(&cinfo, &errors, bytes[k], box, out + row * row_bytes, out_h,
+                                             out_w, sizes[row * 2], sizes[row * 2 + 1], dct,
+                                             verified, planar, &scratch)
+                                  : CROP_UNSUPPORTED;
             }
             jpeg_destroy_decompress(&cinfo);
         } else { /* jpeg_create_decompress itself failed: nothing decoded */
@@ -870,7 +857,6 @@ static PyObject *crop(PyObject *self, PyObject *args) {
     if (views != NULL) release_all(views, m);
     PyMem_Free(views);
     PyMem_Free(bytes);
-    if (got > 4 && checked) PyBuffer_Release(&crcs_v);
     if (got > 3) PyBuffer_Release(&status_v);
     if (got > 2) PyBuffer_Release(&out_v);
     if (got > 1) PyBuffer_Release(&sizes_v);
@@ -900,14 +886,12 @@ static PyMethodDef methods[] = {
      "precision, components, complete) from each value's JPEG markers; zeros for a value "
      "that is not bytes-like or whose markers do not parse."},
     {"crop", crop, METH_VARARGS,
-     "crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar[, "
-     "crcs]]]]): "
+     "crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar]]]): "
      "decode, crop, resize and mirror values[row] into out[row] for each row, the GIL "
      "released; status[row] 0 or the reason to decode it another way. dct: the IDCT's scale "
      "denominator (1, 2, 4, 8) for boxes inside the image; 0 (default) picks the largest "
      "keeping the box at least the output. verified: stop decoding after the box. planar: "
-     "out is [n, 3, out_h, out_w] instead of [n, out_h, out_w, 3]. crcs: uint32 [n], the "
-     "CRC-32 each value must have, checked before decoding it (then verified)."},
+     "out is [n, 3, out_h, out_w] instead of [n, out_h, out_w, 3]."},
     {NULL, NULL, 0, NULL},
 };
 

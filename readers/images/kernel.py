@@ -87,7 +87,6 @@ def crop_rows(
     out: np.ndarray,
     dct_denominator: int | None = None,
     verified: bool = False,
-    crcs: np.ndarray | None = None,
 ) -> np.ndarray:
     """Decode the ``boxes`` (``[n, 5]`` top, left, height, width, flip) of the JPEGs
     ``values[rows]`` (of upright ``sizes``, ``[n, 2]`` height, width) into ``out[rows]``
@@ -98,9 +97,7 @@ def crop_rows(
     by :func:`readers.images.fused.dct_factor`'s. ``verified`` (the bytes passed their
     CRC-32, see :attr:`readers.formats.reader.ShardReader.verified`) stops each decode after
     the box's last row; otherwise the rest is entropy-decoded too, so that damage anywhere
-    in the file fails as a full decode's would. ``crcs`` (uint32 ``[len(values)]``, the
-    CRC-32s the values' shards recorded, not checked yet): each value is checked just before
-    it is decoded, then decoded as verified; one that fails is returned undecoded."""
+    in the file fails as a full decode's would."""
     planes = out.transpose(0, 3, 1, 2)
     planar = not out.flags.c_contiguous
     if planar and not planes.flags.c_contiguous:
@@ -117,6 +114,5 @@ def crop_rows(
         dct_denominator or 0,
         verified,
         planar,
-        None if crcs is None else np.ascontiguousarray(crcs, dtype=np.uint32),
     )
     return rows[status[rows] != 0]
