@@ -3,7 +3,7 @@ single-process Pillow + ``webdataset.ShardWriter`` script doing the same work; w
 ``--ray``, ``--executor ray`` on a local Ray instance of 2 CPUs against the local pool; with
 ``--large N``, the default (DCT-scaled) decode against ``--exact-resize`` on N 2560x1440
 JPEGs (:mod:`scripts.bench.decode`'s mosaics), 2 workers. Where ``ffcv`` imports (its own
-venv, docs/BENCHMARKS.md), FFCV's ``DatasetWriter`` with 2 workers joins the folder run.
+venv, docs/BENCHMARKS.md), FFCV's ``DatasetWriter`` with 2 workers joins either run.
 
 Every contender turns the source JPEGs into shorter-side-256 (bilinear) JPEGs of quality 90
 and writes them; the rounds are interleaved, the source files are in the page cache, and the
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import multiprocessing
 import os
 import resource
 import shutil
@@ -150,7 +151,8 @@ def measured(
 ) -> Callable[[], Measurement]:
     """A contender: clear ``dst``, flush writes and reread ``sources`` into the page cache
     (untimed), then time ``run(dst)`` and record the CPU seconds of this process and of its
-    worker processes."""
+    worker processes (once all are reaped: FFCV's writer leaves its pool's processes to be
+    reaped later, and their CPU time went to the next contender)."""
 
     def measure() -> Measurement:
         shutil.rmtree(dst, ignore_errors=True)
@@ -160,6 +162,9 @@ def measured(
         start = time.perf_counter()
         written = run(dst)
         seconds = time.perf_counter() - start
+        deadline = time.monotonic() + 30
+        while multiprocessing.active_children() and time.monotonic() < deadline:
+            time.sleep(0.01)  # active_children() reaps those that have exited
         after_main, after_workers = cpu_seconds()
         if written != len(sources):
             raise RuntimeError(f"{dst}: wrote {written} images, expected {len(sources)}")
@@ -239,7 +244,8 @@ def compare_ray(
 
 def compare_dct(args: argparse.Namespace, info: dict[str, Any]) -> None:
     """The default conversion (JPEGs DCT-scaled while they stay 2.5x the target) against
-    ``--exact-resize``, on ``args.large`` 2560x1440 JPEGs, ``LARGE_WORKERS`` workers."""
+    ``--exact-resize`` and, where it imports, FFCV's writer, on ``args.large`` 2560x1440
+    JPEGs, ``LARGE_WORKERS`` workers each."""
     src, work = args.work / "large-src", args.work / "convert-large"
     shutil.rmtree(src, ignore_errors=True)
     for k in range(args.large):
@@ -254,9 +260,14 @@ def compare_dct(args: argparse.Namespace, info: dict[str, Any]) -> None:
         name: measured(imgpack_run(src, "pt", LARGE_WORKERS, exact_resize=exact), work, files)
         for name, exact in DCT_PATHS.items()
     }
+    ffcv_missing = ffcv_import_error()
+    if ffcv_missing is None:
+        contenders[FFCV_WRITER] = measured(ffcv_convert(src, LARGE_WORKERS), work / "ffcv", files)
+    else:
+        print(f"  FFCV DatasetWriter skipped: ffcv does not import ({ffcv_missing})", flush=True)
     runs = interleaved(contenders, args.repeats, args.max_foreign)
     rate = {name: median_rate(r) for name, r in runs.items()}
-    default, exact = runs.values()
+    default, exact = (runs[name] for name in DCT_PATHS)
     paired = [a.rate / b.rate for a, b in zip(default, exact, strict=True)]
     rows = [[name, rate[name], rates_text(r), cpu_text(r, len(files))] for name, r in runs.items()]
     headers = ["path", "images/s (median)", "repeats", "CPU ms/image, main + workers"]
@@ -268,6 +279,11 @@ def compare_dct(args: argparse.Namespace, info: dict[str, Any]) -> None:
             TARGET_DCT_OVER_EXACT,
         )
     ]
+    if FFCV_WRITER in rate:
+        label = f"default / {FFCV_WRITER}"
+        targets.append(
+            target_row(label, median_rate(default) / rate[FFCV_WRITER], TARGET_OVER_FFCV_WRITER)
+        )
     print(
         f"\n{len(files)} images, {args.repeats} interleaved rounds, {LARGE_WORKERS} workers\n\n"
         f"{table}\n\nper-round ratios: {' / '.join(f'{x:.2f}' for x in paired)} "
