@@ -211,7 +211,7 @@ def test_ray_driver_stopped_mid_run_resumes(
     _, stderr = driver.communicate(timeout=60)
     assert not (dst / spec.MANIFEST_NAME).exists(), "the run ended before the kill"
     if stop == signal.SIGTERM:
-        assert driver.returncode == 130
+        assert driver.returncode == 130, stderr
         assert "rerun the same command with --resume" in stderr
 
     options = ConvertOptions(format="wds", **PHOTO_OPTIONS)

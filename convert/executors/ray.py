@@ -77,7 +77,7 @@ class RayExecutor:
         if self._ledger is None:
             raise RuntimeError("RayExecutor.write before start")
         ledger = self._ledger
-        with ray_tasks.connected(self.ray_address, job.workers) as cpus:
+        with ray_tasks.connected(self.ray_address, job.workers) as (cpus, joined_here):
             job = replace(job, workers=cpus)
             with job.progress_bar(ledger.kept_positions()) as bar:
                 error = ray_tasks.run_shards(
@@ -93,6 +93,7 @@ class RayExecutor:
                     stop_on_error=job.on_error == "fail",
                     cpus=cpus,
                     bar=bar,
+                    cancel_on_stop=not joined_here,
                 )
         if error is not None:
             raise bad_input(error, resumable=True)

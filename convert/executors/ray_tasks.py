@@ -65,10 +65,11 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def connected(address: str | None, cpus: int | None) -> Iterator[int]:
+def connected(address: str | None, cpus: int | None) -> Iterator[tuple[int, bool]]:
     """Ray for one run: the instance this process already joined (``ray.init`` by the
     caller), the cluster at ``address`` (or ``RAY_ADDRESS``), or a new local instance with
-    ``cpus`` CPUs (only that one is shut down afterwards). Yields the cluster's CPU count."""
+    ``cpus`` CPUs. Yields the cluster's CPU count, and whether this run joined Ray itself:
+    it then leaves afterwards, which ends its job and so every task still running."""
     started = not ray.is_initialized()
     address = address or os.environ.get("RAY_ADDRESS")
     on_sigterm = signal.getsignal(signal.SIGTERM)
@@ -78,10 +79,10 @@ def connected(address: str | None, cpus: int | None) -> Iterator[int]:
         ray.init(num_cpus=cpus, include_dashboard=False)
     if started and threading.current_thread() is threading.main_thread():
         # ray.init replaces the SIGTERM handler with one that ends the process on the spot:
-        # keep the caller's (the CLI's stops the run as Ctrl-C does, cancelling the tasks)
+        # keep the caller's (the CLI's stops the run as Ctrl-C does)
         signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        yield max(1, int(ray.cluster_resources().get("CPU", 1)))
+        yield max(1, int(ray.cluster_resources().get("CPU", 1))), started
     finally:
         if started:
             ray.shutdown()
@@ -106,10 +107,16 @@ def run_shards(
     stop_on_error: bool,
     cpus: int,
     bar: tqdm,
+    cancel_on_stop: bool,
 ) -> dict[str, str] | None:
     """Write every shard ``ledger`` still lacks, as Ray tasks, reporting each to it (and
-    ``bar``). Returns the first bad file's error when ``stop_on_error`` (the tasks still
-    running are cancelled first), else None."""
+    ``bar``). Returns the first bad file's error when ``stop_on_error``, else None.
+
+    A run that stops early (that error, Ctrl-C, any exception) cancels the tasks still
+    running when ``cancel_on_stop``: on a Ray instance the caller joined, whose job goes on.
+    Otherwise the run's own job ends as it leaves Ray, and its tasks with it: ``ray.cancel``
+    of a task that is completing can end the driver process (Ray 2.60's check "Tried to
+    complete task that was not pending", seen here on about 1 stop in 10 under load)."""
     plan = ledger.plan
     chunk = min(CHUNK, plan.size)
     retry = {"max_retries": RETRIES, "retry_exceptions": [OSError]}  # I/O can be transient
@@ -149,7 +156,8 @@ def run_shards(
             for index in itertools.islice(todo, 1):
                 submit(index)
     finally:
-        _cancel(running)
+        if cancel_on_stop:
+            _cancel(running)
     return None
 
 
