@@ -108,8 +108,8 @@ def ray_cluster(
 
 
 class RayDriver:
-    """Conversions on the Ray cluster at ``address``, each run by a driver in a spawned
-    process (one, kept between runs) with this process's environment as it is now. A
+    """Conversions on the Ray cluster at ``address``, run by a driver in a spawned process
+    (one, kept between runs) with this process's environment as it is at the first run. A
     driver that dies fails the run that was in it (BrokenProcessPool), and the next run
     gets a new one."""
 
