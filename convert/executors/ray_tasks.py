@@ -22,8 +22,8 @@ folder's size.
 
 Failures: a task that raises or whose worker dies is run again by Ray (``max_retries``);
 a bad image is an error string, recorded (``skip``) or stopping the run (``fail``: the
-remaining tasks are cancelled); a driver that dies leaves its journaled shards for
-``--resume``.
+remaining tasks end with the run's Ray job, or are cancelled inside a caller's ``ray.init``,
+see :func:`run_shards`); a driver that dies leaves its journaled shards for ``--resume``.
 
 This module imports Ray; ``convert.pipeline`` imports it only for ``--executor ray``.
 """
