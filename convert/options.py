@@ -52,6 +52,7 @@ class ConvertOptions:
     unlabeled: bool = False  # every image, label spec.UNLABELED
     label_key: str | None = None  # a WebDataset or Parquet source's label field
     file_list: str | None = None  # the files to convert, listed (with labels): no walk of SRC
+    restart_markers: bool = True  # a restart marker every MCU of the JPEGs it encodes
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option and the fix."""
@@ -109,6 +110,7 @@ class ConvertOptions:
             self.quality,
             self.exact_resize,
             self.max_pixels,
+            self.restart_markers,
         )
 
     def shard_limits(self) -> tuple[int | None, int | None]:

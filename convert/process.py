@@ -82,6 +82,7 @@ class Transform:
     quality: int = 90
     exact_resize: bool = False
     max_pixels: int | None = None  # the decompression-bomb limit; None: Pillow's
+    restart_markers: bool = True  # in the JPEGs it encodes (readers.images.decode.encode_jpeg)
 
     def output_shape(
         self, source_shape: tuple[int, int, int] | None = None
@@ -207,7 +208,7 @@ def _cropped_and_encoded(pixels: np.ndarray, t: Transform) -> Prepared:
     if t.center_crop:
         pixels = center_crop(pixels, t.center_crop)
     if t.encoding == "jpeg":
-        return Prepared(encode_jpeg(pixels, t.quality), "jpg", pixels.shape)
+        return Prepared(encode_jpeg(pixels, t.quality, t.restart_markers), "jpg", pixels.shape)
     return Prepared(np.ascontiguousarray(pixels), "raw", pixels.shape)
 
 

@@ -132,3 +132,46 @@ def test_conversion_checksum_is_the_same_with_and_without_the_kernel(tmp_path: P
     checksum, decoder = _convert(src, tmp_path / "kernel")
     assert decoder == "turbojpeg+kernel"  # recorded in converted_with
     assert _convert(src, tmp_path / "python", IMGPACK_KERNEL="0") == (checksum, "turbojpeg")
+
+
+@needs_kernel
+def test_jpeg_samples_carry_restart_markers_unless_asked_not_to(tmp_path: Path) -> None:
+    import readers
+    from convert import ConvertOptions, convert_folder
+    from readers.images.decode import decode_image
+
+    (tmp_path / "src").mkdir()
+    src = photo_folder(tmp_path / "src", 6, 300, 400)
+    options = ConvertOptions(format="lmdb", encoding="jpeg", resize=256)
+    convert_folder(src, tmp_path / "marked", options, workers=1, progress=False)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "convert.cli",
+            "convert",
+            str(src),
+            str(tmp_path / "plain"),
+            "--format",
+            "lmdb",
+            "--resize",
+            "256",
+            "--no-restart-markers",
+            "--workers",
+            "1",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+        capture_output=True,
+    )
+    assert load_manifest(tmp_path / "plain").options["restart_markers"] is False
+    stored = {}
+    for name in ("marked", "plain"):
+        ds = readers.open_dataset(tmp_path / name)
+        stored[name] = [bytes(v) for v in ds.read_stored(range(len(ds)))]
+    for marked, plain in zip(stored["marked"], stored["plain"], strict=True):
+        assert b"\xff\xdd" in marked and b"\xff\xdd" not in plain  # DRI: the interval
+        np.testing.assert_array_equal(decode_image(marked), decode_image(plain))
+        mcus = -(-256 // 16) * -(-341 // 16)  # 400x300 resized to 341x256
+        assert 2 * mcus < len(marked) - len(plain) < 6 * mcus  # a few bytes an MCU

@@ -50,6 +50,12 @@ ENCODINGS: dict[str, dict] = {
     "progressive-gray": {"gray": True, "progressive": True},
     "restart-420": {"subsampling": 2, "restart_marker_rows": 1},
     "restart-444": {"subsampling": 0, "restart_marker_blocks": 3},
+    # a marker every MCU (what the converter writes) or every 2: verified crops then decode
+    # only the intervals around the box
+    "restart-mcu-420": {"subsampling": 2, "restart_marker_blocks": 1},
+    "restart-mcu-422": {"subsampling": 1, "restart_marker_blocks": 1},
+    "restart-mcu-gray": {"gray": True, "restart_marker_blocks": 1},
+    "restart-2-411": {"subsampling": "4:1:1", "restart_marker_blocks": 2},
 }
 # (height, width): the benchmark's short side 256 both ways, odd sizes that end inside an
 # MCU, and small ones that a centre crop pads.
@@ -100,10 +106,14 @@ def edge_boxes(height: int, width: int, size: tuple[int, int]) -> np.ndarray:
 
 
 def kernel_crop(
-    data: bytes, boxes: np.ndarray, size: tuple[int, int], planar: bool = False
+    data: bytes,
+    boxes: np.ndarray,
+    size: tuple[int, int],
+    planar: bool = False,
+    verified: bool = False,
 ) -> np.ndarray:
     """``boxes`` of one JPEG through the kernel alone (``planar``: into an NCHW array, seen
-    as NHWC); every row must decode there."""
+    as NHWC; ``verified``: told the bytes passed their CRC-32); every row must decode there."""
     n = len(boxes)
     header = jpeg_header(data)
     assert header is not None
@@ -112,7 +122,9 @@ def kernel_crop(
     else:
         out = np.zeros((n, *size, 3), dtype=np.uint8)
     sizes = np.array([[header[1], header[0]]] * n)
-    failed = kernel.crop_rows(kernel.crop_kernel(), [data] * n, np.arange(n), boxes, sizes, out)
+    failed = kernel.crop_rows(
+        kernel.crop_kernel(), [data] * n, np.arange(n), boxes, sizes, out, verified=verified
+    )
     assert failed.size == 0, f"the kernel refused rows {failed}"
     return out
 
@@ -143,6 +155,9 @@ def test_kernel_crop_equals_full_decode_box_resize_flip(encoding: str, simd: int
             boxes = boxes[[dct_factor(*box[2:4], *size) == 1 for box in boxes]]  # no DCT scaling
             out = kernel_crop(data, boxes, size)
             np.testing.assert_array_equal(kernel_crop(data, boxes, size, planar=True), out)
+            # verified: stops after the box, and with restart markers decodes only the
+            # intervals around it
+            np.testing.assert_array_equal(kernel_crop(data, boxes, size, verified=True), out)
             for box, got in zip(boxes, out, strict=True):
                 np.testing.assert_array_equal(got, reference(pixels, box, size), err_msg=str(box))
                 checked += 1
@@ -167,7 +182,15 @@ def test_dct_scaled_crops_stay_close_to_the_full_decode() -> None:
         for crop in crops:
             boxes = crop.boxes(np.array([(height, width)] * 6), np.arange(6))
             boxes = boxes[[dct_factor(*box[2:4], *crop.size) > 1 for box in boxes]]
-            for box, got in zip(boxes, kernel_crop(data, boxes, crop.size), strict=True):
+            got_rows = kernel_crop(data, boxes, crop.size)
+            # a marker every MCU leaves the pixels, and verified crops of only the intervals
+            # around the box give them too, scaled IDCT and all
+            marked = jpeg(height, width, seed=seed, subsampling=2, restart_marker_blocks=1)
+            for verified in (False, True):
+                np.testing.assert_array_equal(
+                    kernel_crop(marked, boxes, crop.size, verified=verified), got_rows
+                )
+            for box, got in zip(boxes, got_rows, strict=True):
                 want = reference(pixels, box, crop.size)
                 diffs.append(np.abs(got.astype(np.int16) - want).ravel())
                 scaled += 1
@@ -535,6 +558,83 @@ def test_stopping_after_the_box_gives_the_same_pixels(jpeg_dataset: Path, crop) 
         assert failed.tolist() == []
     np.testing.assert_array_equal(rows[0], rows[1])
     assert (boxes[:, 0] + boxes[:, 2] < sizes[:, 0]).any()  # some boxes end above the bottom
+
+
+def restart_intervals(data: bytes) -> list[tuple[int, int]]:
+    """The (start, end) of each restart interval's entropy-coded bytes."""
+    start = data.index(b"\xff\xda")
+    start += 2 + int.from_bytes(data[start + 2 : start + 4], "big")
+    bounds, i = [], start
+    while (i := data.index(b"\xff", i)) < len(data) - 2:
+        if 0xD0 <= data[i + 1] <= 0xD7:
+            bounds.append((start, i))
+            start = i + 2
+        i += 1 if data[i + 1] == 0xFF else 2
+    return [*bounds, (start, len(data) - 2)]
+
+
+@needs_kernel
+def test_verified_crops_of_restart_marked_jpegs_read_only_the_intervals_around_the_box() -> None:
+    height, width, size = 256, 341, (224, 224)
+    data = jpeg(height, width, seed=5, subsampling=2, restart_marker_blocks=1)
+    columns = -(-width // 16)  # 4:2:0: 16x16 MCUs, a marker after each
+    intervals = restart_intervals(data)
+    assert len(intervals) == columns * (height // 16)
+    # garble the first MCU of row 8, left of the centre box (columns 58-282)
+    start, end = intervals[8 * columns]
+    damaged = data[:start] + bytes(end - start) + data[end:]
+    box = np.array([[16, 58, 224, 224, 0]])
+    want = reference(decode_image(data), box[0], size)
+    np.testing.assert_array_equal(kernel_crop(damaged, box, size, verified=True)[0], want)
+    # unverified, or for a box over the damaged interval, the kernel reads it and leaves
+    # the file to the Python path
+    for refused, verified in ((box, False), (np.array([[100, 0, 64, 64, 0]]), True)):
+        out = np.zeros((1, *size, 3), dtype=np.uint8)
+        failed = kernel.crop_rows(
+            kernel.crop_kernel(),
+            [damaged],
+            np.arange(1),
+            refused,
+            np.array([[height, width]]),
+            out,
+            verified=verified,
+        )
+        assert failed.tolist() == [0], refused
+
+
+@needs_kernel
+@pytest.mark.parametrize("quality", [50, 90, 96, 100])
+def test_the_kernel_encodes_turbojpegs_bytes_and_restart_markers_keep_the_pixels(
+    quality: int,
+) -> None:
+    from readers.images.decode import _turbojpeg
+
+    pixels = photo_crop(200, 301, seed=quality)
+    module = kernel.crop_kernel()
+    plain = module.encode(pixels, 200, 301, quality, 0)
+    marked = module.encode(pixels, 200, 301, quality, 1)
+    tj = _turbojpeg()
+    if tj is not None:  # the converter's bytes do not depend on which encoder it has
+        assert plain == tj.encode(pixels, quality=quality, pixel_format=0, jpeg_subsample=2)
+    np.testing.assert_array_equal(decode_image(marked), decode_image(plain))
+    assert len(restart_intervals(marked)) == 13 * 19  # one per 16x16 MCU
+    assert b"\xff\xdd" not in plain and len(restart_intervals(plain)) == 1
+    # the marker, the byte it aligns to and the DC restarted: a few bytes an MCU
+    assert 2 * 13 * 19 < len(marked) - len(plain) < 5 * 13 * 19
+
+
+@needs_kernel
+def test_the_kernel_encoder_refuses_what_it_cannot_encode() -> None:
+    module = kernel.crop_kernel()
+    pixels = photo_crop(8, 8, seed=0)
+    for args, message in [
+        ((pixels, 8, 9, 90, 0), "height x width x 3"),
+        ((pixels, 0, 8, 90, 0), "1 to 65500"),
+        ((pixels, 8, 8, 0, 0), "quality"),
+        ((pixels, 8, 8, 90, -1), "restart"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            module.encode(*args)
 
 
 @needs_kernel

@@ -129,6 +129,15 @@ def _interrupt(signum: int, frame: object) -> None:
     "--quality", type=int, default=90, show_default=True, help="JPEG quality for --encoding jpeg."
 )
 @click.option(
+    "--restart-markers/--no-restart-markers",
+    default=True,
+    show_default=True,
+    help="With --encoding jpeg, a restart marker every MCU (16 px): the same pixels and about "
+    "4% more bytes, and crop= reads that entropy-decode only the crop's neighbourhood, not "
+    "every row above it (faster, most for RandomResizedCrop; docs/BENCHMARKS.md). Written "
+    "where the compiled kernel is built; --no-restart-markers for the smallest files.",
+)
+@click.option(
     "--shard-size",
     type=int,
     metavar="N",
@@ -227,6 +236,7 @@ def convert(
     label_key: str | None,
     include_hidden: bool,
     exact_resize: bool,
+    restart_markers: bool,
     center_crop: int | None,
     quality: int,
     shard_size: int | None,
@@ -277,6 +287,7 @@ def convert(
         encoding=encoding,
         resize=resize,
         exact_resize=exact_resize,
+        restart_markers=restart_markers,
         include_hidden=include_hidden,
         classes=classes,
         labels_file=str(labels_file) if labels_file else None,

@@ -319,8 +319,16 @@ def pil_to_rgb_array(img: Image.Image, name: str = "") -> np.ndarray:
         raise ValueError(f"{_prefix(name)}cannot convert {img.mode} image to RGB: {e}") from e
 
 
-def encode_jpeg(pixels: np.ndarray, quality: int) -> bytes:
-    """Encode uint8 ``[H, W, 3]`` RGB pixels as baseline 4:2:0 JPEG."""
+def encode_jpeg(pixels: np.ndarray, quality: int, restart_markers: bool = True) -> bytes:
+    """Encode uint8 ``[H, W, 3]`` RGB pixels as baseline 4:2:0 JPEG: by the crop kernel
+    where it is built (TurboJPEG's bytes, with ``restart_markers`` a marker every MCU: the
+    same pixels, ~4 % more bytes, and crops that entropy-decode only the box's
+    neighbourhood), else by TurboJPEG, else Pillow (neither writes the markers here)."""
+    kernel = crop_kernel()
+    if kernel is not None:
+        pixels = np.ascontiguousarray(pixels)
+        height, width = pixels.shape[:2]
+        return kernel.encode(pixels, height, width, quality, 1 if restart_markers else 0)
     tj = _turbojpeg()
     if tj is not None:
         # pixel_format 0 is TJPF_RGB; jpeg_subsample 2 is TJSAMP_420, Pillow's default.

@@ -1,7 +1,8 @@
 /* The compiled crop kernel of readers.images.kernel: JPEG headers of a batch, then each
- * decode thread's slice decoded box-only, resized and mirrored straight into its batch rows.
+ * decode thread's slice decoded box-only, resized and mirrored straight into its batch rows;
+ * and the converter's JPEG encoder.
  *
- * Two entry points, both run with the GIL released:
+ * Three entry points, all run with the GIL released:
  *   headers(values, out)  one row of HEADER_FIELDS int64 per value, from the markers alone
  *                         (the walk of readers.images.jpeg.jpeg_header, plus the frame's
  *                         type, precision and components);
@@ -18,11 +19,16 @@
  *                         (uint8 [n, out_h, out_w, 3], or with `planar` [n, 3, out_h,
  *                         out_w]); `status[row]` is 0, or the reason the caller must
  *                         decode that sample its own way.
+ *   encode(pixels, height, width, quality, restart)
+ *                         RGB rows as TurboJPEG's baseline 4:2:0 JPEG, with a restart
+ *                         marker every `restart` MCUs.
  * A libjpeg error or warning is a status, never an abort: the caller's fallback judges the
  * file. Unless the caller says the bytes are `verified` (they passed the CRC-32 recorded
  * when they were known to decode cleanly), the rest of the entropy-coded data is still read
  * after the box (without IDCT), so the kernel refuses exactly the files a full decode warns
- * about; verified, the decode stops after the box's last row.
+ * about; verified, the decode stops after the box's last row, and where restart markers cut
+ * every MCU row into intervals (what encode() writes), it decodes only the intervals around
+ * the box (restart_part), not every row above it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -582,6 +588,10 @@ typedef struct {
     size_t acc_n;
     uint8_t *rows; /* the resized HWC rows, before they are split into planes */
     size_t rows_n;
+    uint8_t *part; /* restart_part()'s smaller JPEG */
+    size_t part_n;
+    size_t *ends; /* where each restart interval's data ends */
+    size_t ends_n;
 } Scratch;
 
 static int grow(void **buffer, size_t *have, size_t need) {
@@ -606,6 +616,148 @@ static int dct_factor(int64_t bh, int64_t bw, int out_h, int out_w) {
 }
 
 static int64_t ceil_div(int64_t v, int d) { return (v + d - 1) / d; }
+
+/* --- restart intervals: the part of a JPEG that a box needs ----------------------------- */
+
+/* A sequential JPEG's one interleaved scan, cut by restart markers every `interval` MCUs. */
+typedef struct {
+    size_t frame;   /* the SOF marker's offset */
+    size_t entropy; /* the first byte of the entropy-coded data */
+    int64_t width, height;
+    int mcu_w, mcu_h;      /* an MCU's pixels */
+    int64_t columns, rows; /* MCUs per row, MCU rows */
+    int64_t interval;
+} Restarts;
+
+/* Whether `b` is an 8-bit baseline or extended sequential JPEG of one scan with a restart
+ * interval that divides its MCU rows (each row then starts an interval), and where. */
+static int read_restarts(Bytes b, Restarts *r) {
+    const uint8_t *d = b.data;
+    size_t n = b.size, i = 2;
+    int components = 0, h_max = 1, v_max = 1, found_frame = 0;
+    memset(r, 0, sizeof *r);
+    if (n < 4 || d[0] != 0xFF || d[1] != 0xD8) return 0;
+    while (i + 4 <= n && d[i] == 0xFF) {
+        unsigned marker = d[i + 1];
+        if (marker == 0xFF) {
+            i++;
+            continue;
+        }
+        if (has_no_length(marker)) return 0;
+        size_t length = be16(d + i + 2);
+        if (length < 2 || length > n - i - 2) return 0;
+        const uint8_t *p = d + i + 4;
+        size_t k = length - 2;
+        if (is_frame(marker)) {
+            if (found_frame || (marker != 0xC0 && marker != 0xC1) || k < 6 || p[0] != 8) return 0;
+            components = p[5];
+            if ((components != 1 && components != 3) || k < 6 + 3 * (size_t)components) return 0;
+            r->height = be16(p + 1);
+            r->width = be16(p + 3);
+            for (int c = 0; c < components; c++) {
+                int h = p[7 + 3 * c] >> 4, v = p[7 + 3 * c] & 15;
+                if (h < 1 || h > 4 || v < 1 || v > 4) return 0;
+                if (h > h_max) h_max = h;
+                if (v > v_max) v_max = v;
+            }
+            r->frame = i;
+            found_frame = 1;
+        } else if (marker == 0xDD) {
+            if (k < 2) return 0;
+            r->interval = be16(p);
+        } else if (marker == 0xDA) {
+            if (!found_frame || k < 1 || p[0] != components || r->interval == 0 || r->width == 0 ||
+                r->height == 0)
+                return 0;
+            r->entropy = i + 2 + length;
+            r->mcu_w = components == 1 ? 8 : 8 * h_max; /* one component: an MCU is a block */
+            r->mcu_h = components == 1 ? 8 : 8 * v_max;
+            r->columns = ceil_div(r->width, r->mcu_w);
+            r->rows = ceil_div(r->height, r->mcu_h);
+            return r->columns % r->interval == 0;
+        }
+        i += 2 + length;
+    }
+    return 0;
+}
+
+/* The restart intervals the box needs, as a smaller JPEG in `part`: the header with its frame
+ * resized, then the intervals of the MCU rows and columns around the box, renumbered. Every
+ * interval restarts the DC predictions, so the part decodes to the file's own pixels except
+ * within a pixel of its cut edges, where fancy upsampling lacks the neighbours; the box keeps
+ * 2 pixels from them. The entropy decode, the most of a small JPEG's decode, then covers the
+ * box's neighbourhood instead of every row above the box's end. `box`, `height` and `width`
+ * become the part's. 1: done; 0: no smaller part (or the markers do not sit where the
+ * interval says: decode the file); -1: out of memory. */
+static int restart_part(Bytes b, const Restarts *r, Box *box, int64_t *height, int64_t *width,
+                        Scratch *s, Bytes *part) {
+    const int64_t margin = 2, every = r->interval;
+    int64_t right = box->left + box->width + margin, bottom = box->top + box->height + margin;
+    int64_t c0 = (box->left > margin ? box->left - margin : 0) / r->mcu_w / every * every;
+    int64_t c1 = ceil_div(ceil_div(right < r->width ? right : r->width, r->mcu_w), (int)every) * every;
+    int64_t r0 = (box->top > margin ? box->top - margin : 0) / r->mcu_h;
+    int64_t r1 = ceil_div(bottom < r->height ? bottom : r->height, r->mcu_h);
+    if (c1 > r->columns) c1 = r->columns;
+    /* Two MCUs at least each way: libjpeg upsamples a component of 2 samples or fewer (a
+     * partial last MCU) without its fancy filter. */
+    while (c1 - c0 < 2 && c1 < r->columns) c1 += every;
+    while (c1 - c0 < 2 && c0 > 0) c0 -= every;
+    while (r1 - r0 < 2 && r1 < r->rows) r1++;
+    while (r1 - r0 < 2 && r0 > 0) r0--;
+    if (c0 == 0 && c1 == r->columns && r0 == 0) return 0;
+    /* Interval k holds MCUs [k * every, (k + 1) * every) in raster order. */
+    int64_t total = r->rows * r->columns / every, last = ((r1 - 1) * r->columns + c1) / every - 1;
+    if (!grow((void **)&s->ends, &s->ends_n, (size_t)(last + 1) * sizeof(size_t))) return -1;
+    const uint8_t *d = b.data;
+    size_t n = b.size, i = r->entropy;
+    for (int64_t k = 0; k <= last;) {
+        const uint8_t *ff = i < n ? memchr(d + i, 0xFF, n - i) : NULL;
+        if (ff == NULL || (size_t)(ff - d) + 1 >= n) return 0;
+        size_t at = (size_t)(ff - d);
+        unsigned next = d[at + 1];
+        if (next == 0x00 || next == 0xFF) { /* a stuffed 0xFF, or fill before a marker */
+            i = at + (next == 0x00 ? 2 : 1);
+            continue;
+        }
+        int restart = next >= 0xD0 && next <= 0xD7 && (int64_t)(next - 0xD0) == (k & 7);
+        if (!restart && !(next == 0xD9 && k == total - 1)) return 0;
+        s->ends[k++] = at;
+        i = at + 2;
+    }
+    int64_t per_row = (c1 - c0) / every, part_rows = r1 - r0;
+    size_t need = r->entropy + 2;
+    for (int64_t y = r0; y < r1; y++) {
+        int64_t from = (y * r->columns + c0) / every;
+        size_t start = from == 0 ? r->entropy : s->ends[from - 1] + 2;
+        need += s->ends[from + per_row - 1] - start + 2 * (size_t)per_row;
+    }
+    if (!grow((void **)&s->part, &s->part_n, need)) return -1;
+    uint8_t *o = s->part;
+    memcpy(o, d, r->entropy);
+    int64_t part_h = (r1 * r->mcu_h < r->height ? r1 * r->mcu_h : r->height) - r0 * r->mcu_h;
+    int64_t part_w = (c1 * r->mcu_w < r->width ? c1 * r->mcu_w : r->width) - c0 * r->mcu_w;
+    uint8_t *size = o + r->frame + 5; /* the frame's height, then width */
+    size[0] = (uint8_t)(part_h >> 8), size[1] = (uint8_t)part_h;
+    size[2] = (uint8_t)(part_w >> 8), size[3] = (uint8_t)part_w;
+    o += r->entropy;
+    int64_t written = 0;
+    for (int64_t y = r0; y < r1; y++) {
+        for (int64_t k = (y * r->columns + c0) / every, end = k + per_row; k < end; k++) {
+            size_t start = k == 0 ? r->entropy : s->ends[k - 1] + 2;
+            memcpy(o, d + start, s->ends[k] - start);
+            o += s->ends[k] - start;
+            if (++written < per_row * part_rows) *o++ = 0xFF, *o++ = (uint8_t)(0xD0 + ((written - 1) & 7));
+        }
+    }
+    *o++ = 0xFF, *o++ = 0xD9;
+    part->data = s->part;
+    part->size = (size_t)(o - s->part);
+    box->top -= r0 * r->mcu_h;
+    box->left -= c0 * r->mcu_w;
+    *height = part_h;
+    *width = part_w;
+    return 1;
+}
 
 /* Resize (or copy) the box in `src` (`down.in` x `across.in` pixels, rows `stride` apart)
  * into the row `out`. */
@@ -661,7 +813,7 @@ static int place(const uint8_t *src, size_t stride, Span down_span, Span across_
 
 /* Decode, crop, resize and store one sample; a CROP_* status. `cinfo` is ready for reuse
  * afterwards whatever happened (jpeg_abort_decompress). */
-static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, uint8_t *out,
+static int crop_bytes(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, uint8_t *out,
                     int out_h, int out_w, int64_t want_h, int64_t want_w, int dct, int verified,
                     int planar, Scratch *s) {
     /* Everything changed after setjmp and read after a longjmp lives in `s` or is volatile. */
@@ -771,6 +923,24 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
     return ok ? CROP_OK : CROP_MEMORY;
 }
 
+/* crop_bytes(), of only the restart intervals around the box where the bytes are verified
+ * and cut by restart markers. */
+static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, uint8_t *out,
+                    int out_h, int out_w, int64_t want_h, int64_t want_w, int dct, int verified,
+                    int planar, Scratch *s) {
+    Restarts restarts = {0};
+    Bytes part;
+    if (verified && box.top >= 0 && box.left >= 0 && box.top + box.height <= want_h &&
+        box.left + box.width <= want_w && read_restarts(b, &restarts) && restarts.width == want_w &&
+        restarts.height == want_h) {
+        int cut = restart_part(b, &restarts, &box, &want_h, &want_w, s, &part);
+        if (cut < 0) return CROP_MEMORY;
+        if (cut) b = part;
+    }
+    return crop_bytes(cinfo, errors, b, box, out, out_h, out_w, want_h, want_w, dct, verified,
+                      planar, s);
+}
+
 static PyObject *crop(PyObject *self, PyObject *args) {
     PyObject *values, *rows_obj, *boxes_obj, *out_obj, *status_obj, *sizes_obj;
     int out_h, out_w, dct = 0, verified = 0, planar = 0;
@@ -852,6 +1022,8 @@ static PyObject *crop(PyObject *self, PyObject *args) {
         free(scratch.box);
         free(scratch.acc);
         free(scratch.rows);
+        free(scratch.part);
+        free(scratch.ends);
         Py_END_ALLOW_THREADS;
     }
     if (views != NULL) release_all(views, m);
@@ -864,6 +1036,70 @@ static PyObject *crop(PyObject *self, PyObject *args) {
     PyBuffer_Release(&rows_v);
     if (!ok) return NULL;
     Py_RETURN_NONE;
+}
+
+/* --- the converter's encoder ---------------------------------------------------------- */
+
+/* RGB rows as a baseline 4:2:0 JPEG in `*jpeg` (malloc'd by jpeg_mem_dest, the caller frees
+ * it), with a restart marker every `restart` MCUs (0: none). tjCompress2's settings, so
+ * that without restarts the bytes are TurboJPEG's: its fast forward DCT below quality 96. */
+static int compress(const uint8_t *pixels, int height, int width, int quality, int restart,
+                    unsigned char **jpeg, unsigned long *size) {
+    struct jpeg_compress_struct cinfo;
+    Errors errors;
+    cinfo.err = jpeg_std_error(&errors.pub);
+    errors.pub.error_exit = on_error;
+    errors.pub.emit_message = on_message;
+    if (setjmp(errors.jump)) {
+        jpeg_destroy_compress(&cinfo);
+        return 0;
+    }
+    jpeg_create_compress(&cinfo);
+    jpeg_mem_dest(&cinfo, jpeg, size);
+    cinfo.image_width = (JDIMENSION)width;
+    cinfo.image_height = (JDIMENSION)height;
+    cinfo.input_components = 3;
+    cinfo.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&cinfo); /* YCbCr, luma sampled 2x2: 4:2:0 */
+    jpeg_set_quality(&cinfo, quality, TRUE);
+    cinfo.dct_method = quality >= 96 ? JDCT_ISLOW : JDCT_FASTEST;
+    cinfo.restart_interval = (unsigned)restart;
+    jpeg_start_compress(&cinfo, TRUE);
+    while (cinfo.next_scanline < cinfo.image_height) {
+        JSAMPROW row = (JSAMPROW)(pixels + (size_t)cinfo.next_scanline * (size_t)width * 3);
+        jpeg_write_scanlines(&cinfo, &row, 1);
+    }
+    jpeg_finish_compress(&cinfo);
+    jpeg_destroy_compress(&cinfo);
+    return 1;
+}
+
+static PyObject *encode(PyObject *self, PyObject *args) {
+    Py_buffer pixels;
+    int height, width, quality, restart;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*iiii", &pixels, &height, &width, &quality, &restart)) return NULL;
+    const char *wrong = NULL;
+    if (height < 1 || width < 1 || height > 65500 || width > 65500) wrong = "the size must be 1 to 65500 pixels a side";
+    else if (pixels.len != (Py_ssize_t)height * width * 3) wrong = "pixels must hold height x width x 3 bytes";
+    else if (quality < 1 || quality > 100) wrong = "quality must be 1 to 100";
+    else if (restart < 0 || restart > 65535) wrong = "restart must be 0 to 65535 MCUs";
+    if (wrong != NULL) {
+        PyBuffer_Release(&pixels);
+        PyErr_SetString(PyExc_ValueError, wrong);
+        return NULL;
+    }
+    unsigned char *jpeg = NULL;
+    unsigned long size = 0;
+    int ok;
+    Py_BEGIN_ALLOW_THREADS;
+    ok = compress(pixels.buf, height, width, quality, restart, &jpeg, &size);
+    Py_END_ALLOW_THREADS;
+    PyBuffer_Release(&pixels);
+    PyObject *out = ok ? PyBytes_FromStringAndSize((const char *)jpeg, (Py_ssize_t)size) : NULL;
+    free(jpeg);
+    if (!ok) PyErr_SetString(PyExc_MemoryError, "libjpeg could not encode the image");
+    return out;
 }
 
 /* For the tests: a resize with fewer instructions than the CPU has (all give the same pixels). */
@@ -892,6 +1128,10 @@ static PyMethodDef methods[] = {
      "denominator (1, 2, 4, 8) for boxes inside the image; 0 (default) picks the largest "
      "keeping the box at least the output. verified: stop decoding after the box. planar: "
      "out is [n, 3, out_h, out_w] instead of [n, out_h, out_w, 3]."},
+    {"encode", encode, METH_VARARGS,
+     "encode(pixels, height, width, quality, restart) -> bytes: uint8 RGB rows as a baseline "
+     "4:2:0 JPEG, the GIL released, with TurboJPEG's settings (so that restart=0 gives "
+     "tjCompress2's bytes) and a restart marker every `restart` MCUs."},
     {NULL, NULL, 0, NULL},
 };
 

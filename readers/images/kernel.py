@@ -6,7 +6,11 @@ type and components), and :func:`crop_rows`, called once by each decode thread f
 slice, decodes only the box of each JPEG (libjpeg's ``jpeg_crop_scanline`` and
 ``jpeg_skip_scanlines``; a scaled IDCT under :func:`readers.images.fused.dct_factor`'s
 rule), resizes it with a port of torch's uint8 antialiased bilinear (bit-exact) and stores
-it, mirrored if asked, straight into its batch row.
+it, mirrored if asked, straight into its batch row. Verified bytes (see :func:`crop_rows`)
+whose restart markers cut every MCU row into intervals, as the converter writes them
+(:func:`readers.images.decode.encode_jpeg`), decode only the intervals around the box: the
+entropy decode, most of a small JPEG's cost, then skips the rows above the box and the
+columns beside it.
 
 A sample the kernel does not take (:func:`kernel_decodes`: EXIF-rotated, CMYK, lossless,
 12-bit, incomplete...) or fails on (any libjpeg error or warning) is left to the Python
@@ -96,8 +100,9 @@ def crop_rows(
     scales the IDCT of boxes inside the image by the caller's rule (the converter's); None:
     by :func:`readers.images.fused.dct_factor`'s. ``verified`` (the bytes passed their
     CRC-32, see :attr:`readers.formats.reader.ShardReader.verified`) stops each decode after
-    the box's last row; otherwise the rest is entropy-decoded too, so that damage anywhere
-    in the file fails as a full decode's would."""
+    the box's last row and, where restart markers allow, decodes only the intervals around
+    the box; otherwise the rest is entropy-decoded too, so that damage anywhere in the file
+    fails as a full decode's would."""
     planes = out.transpose(0, 3, 1, 2)
     planar = not out.flags.c_contiguous
     if planar and not planes.flags.c_contiguous:

@@ -173,10 +173,12 @@ def convert_source(
     encoding: str,
     shards: int | None = None,
     shuffle: bool = False,
+    restart_markers: bool = True,
 ) -> Path:
     """Convert ``src`` to ``dst`` resized to ``RESIZE`` (raw is also centre-cropped to
     ``CROP``), in ``shards`` shards of equal size or else the format's default shard size;
-    ``shuffle`` as ``--shuffle`` (what a streamed dataset should be)."""
+    ``shuffle`` as ``--shuffle`` (what a streamed dataset should be); ``restart_markers`` as
+    ``--restart-markers``."""
     n = len(image_files(src))
     options = ConvertOptions(
         format=fmt,
@@ -185,6 +187,7 @@ def convert_source(
         center_crop=CROP if encoding == "raw" else None,
         shard_size=math.ceil(n / shards) if shards else None,
         shuffle=shuffle,
+        restart_markers=restart_markers,
     )
     result = convert_folder(src, dst, options, overwrite=True, progress=False)
     print(f"  converted {dst.name}: {result.summary()}", flush=True)
