@@ -13,12 +13,18 @@ cost of a call that decodes nothing is taken off):
 - the rest of the file (entropy only): what a sample not ``verified`` by its CRC-32 adds;
 - Python around the kernel: ``fused.crop_batch`` on batches of 64, less the kernel's calls.
 
+JPEGs with restart markers (the converter's default) decode only the intervals around the
+box, so a thin box no longer measures the entropy decode of the box's: there the entropy
+decode, IDCT, colour and store are one stage (the box copied out). Both are profiled when
+``--unmarked`` (the same pixels written with ``--no-restart-markers``; the crop section
+writes it) exists: the Python path and the split stages on it, the kernel on both.
+
 The Python path's: the marker probe, libjpeg-turbo's full decode through ctypes, and the
 crop, resize and flip on the decoded pixels (torch's antialiased bilinear), each timed on
 its own, and ``fused.crop_batch`` with the kernel off.
 
     .venv/bin/python -m scripts.bench.crop_profile [--dataset bench-data/work/read/pt-jpeg]
-        [--repeats 5] [--json F]
+        [--unmarked bench-data/work/read/lmdb-jpeg-unmarked] [--repeats 5] [--json F]
 """
 
 from __future__ import annotations
@@ -57,8 +63,11 @@ def per_sample_us(run: Callable[[], Any], samples: int, repeats: int) -> float:
     return statistics.median(times) / samples * 1e6
 
 
-def kernel_stages(values: list[bytes], boxes: np.ndarray, sizes: np.ndarray, repeats: int):
-    """µs per sample of each kernel stage (see the module's docstring)."""
+def kernel_stages(
+    values: list[bytes], boxes: np.ndarray, sizes: np.ndarray, repeats: int, marked: bool
+):
+    """µs per sample of each kernel stage (see the module's docstring); ``marked``: the
+    values carry restart markers, so the entropy decode is not told apart."""
     k = kernel.crop_kernel()
     n = len(values)
     one = [np.zeros(1, dtype=np.int64)] * n
@@ -96,6 +105,13 @@ def kernel_stages(values: list[bytes], boxes: np.ndarray, sizes: np.ndarray, rep
     resize = per_sample_us(each(boxes, lambda i: resized, True), n, repeats)
     whole = per_sample_us(each(boxes, lambda i: resized, False), n, repeats)
     header = per_sample_us(lambda: kernel.jpeg_headers(k, values), n, repeats)
+    if marked:
+        return {
+            "header": header,
+            "entropy decode, IDCT, colour and store of the intervals around the box": copy,
+            "resize and flip": resize - copy,
+            "rest of the file (samples without a CRC-32)": whole - resize,
+        }
     return {
         "header": header,
         "entropy decode to the box's last row": entropy,
@@ -152,25 +168,36 @@ def kernel_switched(on: bool) -> None:
     kernel.crop_kernel.cache_clear()
 
 
-def profile(dataset: Path, repeats: int) -> dict[str, dict[str, dict[str, float]]]:
+def stored(dataset: Path) -> tuple[list[bytes], np.ndarray, bool]:
+    """The stored JPEGs of ``dataset``, their ``[n, 2]`` sizes, and whether they carry
+    restart markers (a DRI segment)."""
     ds = readers.open_dataset(dataset)
     values = [bytes(v) for v in ds.read_stored(range(len(ds)))]
     headers = kernel.jpeg_headers(kernel.crop_kernel(), values)
     sizes = np.ascontiguousarray(headers[:, [kernel.HEIGHT, kernel.WIDTH]])
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    for name, crop in CROPS.items():
-        boxes = crop.boxes(sizes, np.arange(len(values)))
-        after = kernel_stages(values, boxes, sizes, repeats)
-        after["Python around the kernel (crop_batch)"] = crop_batch_us(values, crop, repeats) - sum(
-            v for k, v in after.items() if not k.startswith("rest")
-        )
-        kernel_switched(False)
-        before = python_stages(values, boxes, sizes, repeats)
-        before["Python around them (crop_batch)"] = crop_batch_us(values, crop, repeats) - sum(
-            before.values()
-        )
-        kernel_switched(True)
-        results[name] = {"python path": before, "kernel": after}
+    return values, sizes, all(b"\xff\xdd" in v[: v.find(b"\xff\xda")] for v in values)
+
+
+def profile(datasets: list[Path], repeats: int) -> dict[str, dict[str, dict[str, float]]]:
+    """The stages of each crop: the Python path on the first dataset, the kernel on each."""
+    results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in CROPS}
+    for k, dataset in enumerate(datasets):
+        values, sizes, marked = stored(dataset)
+        for name, crop in CROPS.items():
+            boxes = crop.boxes(sizes, np.arange(len(values)))
+            after = kernel_stages(values, boxes, sizes, repeats, marked)
+            after["Python around the kernel (crop_batch)"] = crop_batch_us(
+                values, crop, repeats
+            ) - sum(v for key, v in after.items() if not key.startswith("rest"))
+            results[name]["kernel, restart markers" if marked else "kernel"] = after
+            if k == 0:
+                kernel_switched(False)
+                before = python_stages(values, boxes, sizes, repeats)
+                before["Python around them (crop_batch)"] = crop_batch_us(
+                    values, crop, repeats
+                ) - sum(before.values())
+                kernel_switched(True)
+                results[name]["python path"] = before
     return results
 
 
@@ -188,6 +215,7 @@ def report(results: dict[str, dict[str, dict[str, float]]]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", type=Path, default=WORK / "read" / "pt-jpeg")
+    p.add_argument("--unmarked", type=Path, default=WORK / "read" / "lmdb-jpeg-unmarked")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
@@ -196,7 +224,8 @@ def main() -> None:
     torch.set_num_threads(1)  # one thread, as on a decode thread (the resize's too)
     info = machine_info()
     print_machine(info)
-    results = profile(args.dataset, args.repeats)
+    datasets = [args.unmarked] if args.unmarked.exists() else []
+    results = profile([*datasets, args.dataset], args.repeats)
     print(report(results))
     write_json(args.json, {"machine": info, "profile_us": results})
 
