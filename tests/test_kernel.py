@@ -263,10 +263,28 @@ def segments(data):
     return found or [2]
 
 
+def restart_markers(data):
+    at = data.index(b"\xff\xda")
+    return [i for i in range(at, len(data) - 1) if data[i] == 0xFF and 0xD0 <= data[i + 1] <= 0xD7]
+
+
 def mutate(data):
-    kind = rng.choice(["truncate", "flip", "marker", "dimensions", "insert"])
+    marked = b"\xff\xdd" in data
+    kind = rng.choice(["truncate", "flip", "marker", "dimensions", "insert"] + ["restart"] * marked)
     b = bytearray(data)
-    if kind == "truncate":
+    if kind == "restart":  # the intervals a verified crop cuts out, misplaced or misnumbered
+        found, dri = restart_markers(data), data.index(b"\xff\xdd")
+        how = rng.choice(["number", "drop", "duplicate", "interval"])
+        at = rng.choice(found) if found else dri
+        if how == "number" and found:
+            b[at + 1] = 0xD0 + rng.randrange(8)
+        elif how == "drop" and found:
+            del b[at : at + 2]
+        elif how == "duplicate" and found:
+            b[at:at] = data[at : at + 2]
+        else:  # the interval the DRI segment declares
+            b[dri + 4 : dri + 6] = rng.randrange(6).to_bytes(2, "big")
+    elif kind == "truncate":
         b = b[: rng.randrange(2, len(b))]
         if rng.random() < 0.5:
             b += b"\xff\xd9"  # still ends like a complete file
@@ -353,7 +371,8 @@ print(json.dumps({
 @needs_kernel
 def test_fuzzed_jpegs_never_crash_and_match_the_python_path() -> None:
     """2,000 mutated JPEGs (truncations, byte flips, damaged markers, huge dimensions,
-    inserted bytes) in a child process: a crash or hang fails this test, not the suite;
+    inserted bytes; restart markers misnumbered, dropped, doubled or declared at another
+    interval, where a verified crop would cut intervals out) in a child process: a crash or hang fails this test, not the suite;
     every one gives the Python path's pixels or its DatasetError text, and the kernel's
     header walk agrees with :func:`readers.images.jpeg.jpeg_header` on each."""
     result = subprocess.run(
