@@ -31,6 +31,7 @@ from readers import spec
 
 __all__ = [
     "ENTRY_PREFIX",
+    "IMPLIED_BY_OLDER_RECORDS",
     "JOURNAL_VERSION",
     "Journal",
     "JournalStore",
@@ -240,8 +241,13 @@ def resumable_entries(
     return kept
 
 
+# Options added since runs were first recorded: what a record without one did.
+IMPLIED_BY_OLDER_RECORDS = {"restart_markers": False}
+
+
 def same_options(path: str | Path, recorded: dict[str, Any], options: dict[str, Any]) -> None:
     """Refuse to resume (or to call complete) a run with other options, naming each."""
+    recorded = {**IMPLIED_BY_OLDER_RECORDS, **recorded}
     changed = [
         f"{k.replace('_', '-')} {recorded.get(k)!r} -> {options.get(k)!r}"
         for k in options

@@ -307,6 +307,21 @@ def test_resume_refuses_other_options_naming_what_changed(source, tmp_path):
     assert "cannot resume: quality 90 -> 75" in done.stderr
 
 
+def test_resume_of_a_dataset_recorded_before_restart_markers_names_the_option(source, tmp_path):
+    # a manifest written before --restart-markers existed: its JPEGs have none
+    dst = tmp_path / "dst"
+    assert run_cli(source, dst, "wds").returncode == 0
+    manifest = json.loads((dst / spec.MANIFEST_NAME).read_text())
+    del manifest["options"]["restart_markers"]
+    (dst / spec.MANIFEST_NAME).write_text(json.dumps(manifest))
+    done = run_cli(source, dst, "wds", "--resume")
+    assert done.returncode != 0
+    assert "cannot resume: restart-markers False -> True" in done.stderr, done.stderr
+    done = run_cli(source, dst, "wds", "--resume", "--no-restart-markers")
+    assert done.returncode == 0, done.stderr
+    assert "already complete" in done.stdout
+
+
 def test_resume_of_a_complete_dataset_does_nothing(source, reference, tmp_path):
     ref_manifest, _ = reference("wds")
     dst = tmp_path / "dst"
