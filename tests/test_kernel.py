@@ -373,8 +373,9 @@ def test_fuzzed_jpegs_never_crash_and_match_the_python_path() -> None:
     """2,000 mutated JPEGs (truncations, byte flips, damaged markers, huge dimensions,
     inserted bytes; restart markers misnumbered, dropped, doubled or declared at another
     interval, where a verified crop would cut intervals out) in a child process: a crash or
-    hang fails this test, not the suite; every one gives the Python path's pixels or its DatasetError text, and the kernel's
-    header walk agrees with :func:`readers.images.jpeg.jpeg_header` on each."""
+    hang fails this test, not the suite; every one gives the Python path's pixels or its
+    DatasetError text, and the kernel's header walk agrees with
+    :func:`readers.images.jpeg.jpeg_header` on each."""
     result = subprocess.run(
         [sys.executable, "-c", FUZZ, "2000"],
         cwd=ROOT,
