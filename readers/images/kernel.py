@@ -43,7 +43,7 @@ KERNEL_ENV = "IMGPACK_KERNEL"  # "0" turns the kernel off
 # The columns of jpeg_headers() (the C file's H_* names).
 PARSED, WIDTH, HEIGHT, ORIENTATION, FRAME, PRECISION, COMPONENTS, COMPLETE = range(8)
 # SOF0 baseline, SOF1 extended sequential, SOF2 progressive (Huffman-coded, 8-bit).
-_FRAMES = (0xC0, 0xC1, 0xC2)
+_FRAMES = (0xC0, 0xC1, 0xC2)  # consecutive: kernel_decodes tests the range
 
 
 @cache
@@ -73,10 +73,12 @@ def jpeg_headers(kernel: ModuleType, values: Sequence[Any]) -> np.ndarray:
 def kernel_decodes(headers: np.ndarray, max_pixels: int | None) -> np.ndarray:
     """Which samples the kernel takes: complete, upright, 8-bit Huffman-coded baseline or
     progressive JPEGs of one or three components, at most ``max_pixels`` (None: no limit)."""
-    h = headers
-    take = (h[:, PARSED] == 1) & (h[:, COMPLETE] == 1) & np.isin(h[:, FRAME], _FRAMES)
-    take &= (h[:, PRECISION] == 8) & np.isin(h[:, COMPONENTS], (1, 3))
-    take &= ~np.isin(h[:, ORIENTATION], range(2, 9)) & (h[:, WIDTH] > 0) & (h[:, HEIGHT] > 0)
+    h = headers  # comparisons, not np.isin: this runs per converted image (~10x faster)
+    frame, components, orientation = h[:, FRAME], h[:, COMPONENTS], h[:, ORIENTATION]
+    take = (h[:, PARSED] == 1) & (h[:, COMPLETE] == 1) & (h[:, PRECISION] == 8)
+    take &= (frame >= _FRAMES[0]) & (frame <= _FRAMES[-1])
+    take &= (components == 1) | (components == 3)
+    take &= ((orientation < 2) | (orientation > 8)) & (h[:, WIDTH] > 0) & (h[:, HEIGHT] > 0)
     if max_pixels is not None:
         take &= h[:, WIDTH] * h[:, HEIGHT] <= max_pixels
     return take
