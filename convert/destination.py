@@ -26,7 +26,7 @@ from convert.journal import ENTRY_PREFIX, Journal, JournalStore, ShardEntry, sha
 from convert.lock import DestinationLock
 from convert.options import ConvertOptions, ConvertResult
 from readers import __version__, spec
-from readers.images.decode import decoder_name
+from readers.images.decode import decoder_name, encoder_name
 from readers.manifest import Manifest, json_text, load_manifest
 from readers.storage.location import Location
 
@@ -280,6 +280,16 @@ def write_errors(path: Path, errors: list[dict[str, str]]) -> None:
         f.writelines(map(json_text, errors))
 
 
+def converted_with(options: ConvertOptions, workers: int, resizes: bool) -> dict[str, Any]:
+    """The manifest's ``converted_with``: the workers, the JPEG decoder (its crop kernel
+    when the kernel resized) and, for ``jpeg`` samples, the encoder (whether they carry
+    restart markers)."""
+    done: dict[str, Any] = {"workers": workers, "jpeg_decoder": decoder_name(crop=resizes)}
+    if options.encoding == "jpeg":
+        done["jpeg_encoder"] = encoder_name(options.restart_markers)
+    return done
+
+
 def write_manifest(
     dst: Path,
     options: ConvertOptions,
@@ -319,7 +329,7 @@ def write_manifest(
         content_sha256=content_sha256,
         source_fingerprint=source_fingerprint,
         options=json.loads(json.dumps(asdict(options))),
-        converted_with={"workers": workers, "jpeg_decoder": decoder_name(crop=resizes)},
+        converted_with=converted_with(options, workers, resizes),
         errors_file=ERRORS_NAME if result.skipped else None,
         source=source,
     ).write()

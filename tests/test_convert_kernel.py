@@ -166,6 +166,8 @@ def test_jpeg_samples_carry_restart_markers_unless_asked_not_to(tmp_path: Path) 
         capture_output=True,
     )
     assert load_manifest(tmp_path / "plain").options["restart_markers"] is False
+    for name, encoder in (("marked", "kernel+restart-markers"), ("plain", "kernel")):
+        assert load_manifest(tmp_path / name).converted_with["jpeg_encoder"] == encoder
     stored = {}
     for name in ("marked", "plain"):
         ds = readers.open_dataset(tmp_path / name)

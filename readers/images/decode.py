@@ -59,6 +59,7 @@ __all__ = [
     "decode_stored",
     "decoder_name",
     "encode_jpeg",
+    "encoder_name",
     "orient",
     "pixel_limit",
 ]
@@ -317,6 +318,14 @@ def pil_to_rgb_array(img: Image.Image, name: str = "") -> np.ndarray:
         return np.array(img.convert("RGB"))  # writable, as torch.from_numpy wants
     except (OSError, ValueError) as e:
         raise ValueError(f"{_prefix(name)}cannot convert {img.mode} image to RGB: {e}") from e
+
+
+def encoder_name(restart_markers: bool = True) -> str:
+    """Which JPEG encoder :func:`encode_jpeg` uses in this process (what the converter
+    records): ``"kernel+restart-markers"``, ``"kernel"``, ``"turbojpeg"`` or ``"pillow"``."""
+    if crop_kernel() is not None:
+        return "kernel+restart-markers" if restart_markers else "kernel"
+    return "turbojpeg" if _turbojpeg() is not None else "pillow"
 
 
 def encode_jpeg(pixels: np.ndarray, quality: int, restart_markers: bool = True) -> bytes:
