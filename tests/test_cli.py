@@ -102,6 +102,13 @@ def test_convert_reports_written_and_skipped_and_info_describes_the_result(cli_c
     assert re.search(rf"^format\s+{fmt}\b", text, re.M), text
     assert re.search(r"^encoding\s+jpeg\b", text, re.M), text
     assert "32 written, 0 skipped" in text
+    written_by = manifest["converted_with"]
+    line = re.search(r"^written by (.*)$", text, re.M)
+    assert line, text
+    assert line[1] == (
+        f"jpeg decoder {written_by['jpeg_decoder']}, "
+        f"jpeg encoder {written_by['jpeg_encoder']}, 2 workers"  # restart markers or not
+    )
     for name in SAMPLE_CLASSES:
         assert re.search(rf"^\s+{name}\s+8$", text, re.M), f"{name} count missing:\n{text}"
     for shard in manifest["shards"]:

@@ -23,6 +23,7 @@ def describe(manifest: Manifest) -> str:
         f"imgpack {m.imgpack_version or '?'})",
         f"encoding   {m.encoding}, images {shape} {m.dtype}",
         f"samples    {m.num_samples} written, {m.skipped or 0} skipped",
+        *([f"written by {_converted_with(m.converted_with)}"] if m.converted_with else []),
         f"bytes      {total_bytes:,} in {len(manifest.shards)} shard(s)",
         f"checksum   {m.content_sha256 or '?'}",
         *([f"source     {m.source.get('kind')} {m.source.get('location')}"] if m.source else []),
@@ -35,6 +36,13 @@ def describe(manifest: Manifest) -> str:
     lines += [f"  {s.path}  {s.samples} samples  {s.bytes:,} bytes" for s in manifest.shards]
     lines.append("options    " + json.dumps(m.options, sort_keys=True))
     return "\n".join(lines)
+
+
+def _converted_with(done: dict) -> str:
+    """The manifest's ``converted_with`` in words: what decoded, what encoded (whether
+    the JPEGs carry restart markers), how many workers."""
+    parts = [f"{k.replace('_', ' ')} {v}" for k, v in sorted(done.items()) if k != "workers"]
+    return ", ".join([*parts, f"{done['workers']} workers"] if "workers" in done else parts)
 
 
 @click.command()
