@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint format bench clean asan
 
-$(STAMP): setup.cfg setup.py readers/images/jpegcrop.c
+$(STAMP): setup.cfg setup.py readers/images/jpegcrop.c readers/formats/crc32.c
 	@# libturbojpeg for the fast JPEG path (without it imgpack falls back to Pillow), and
 	@# libjpeg's headers for the compiled crop kernel (without them crops take the Python path).
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
@@ -29,7 +29,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 	@# the crop path again without the compiled kernel: the fallback must stay correct too
 	IMGPACK_KERNEL=0 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_crop.py \
-		tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py
+		tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py tests/test_crc.py
 
 # Benchmarks (minutes; results and method in docs/BENCHMARKS.md).
 bench: setup

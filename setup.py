@@ -1,4 +1,5 @@
-"""The package metadata lives in setup.cfg; here only the optional compiled crop kernel.
+"""The package metadata lives in setup.cfg; here only the optional compiled modules: the
+crop kernel and the batch CRC-32 (``readers/formats/crc32.c``, which needs only a compiler).
 
 ``readers/images/jpegcrop.c`` needs a C compiler, Python's headers and libjpeg's
 (``libjpeg62-turbo-dev`` on Debian). Where it cannot be built the package installs all the
@@ -23,13 +24,22 @@ if STATIC_PREFIX:
 else:
     LIBJPEG = {"libraries": ["jpeg"]}
 
-KERNEL = Extension(
+CROP_KERNEL = Extension(
     "readers.images.jpegcrop",
     sources=["readers/images/jpegcrop.c"],
     # -ffp-contract=off: the resize weights must be the doubles torch computes (no FMA)
     extra_compile_args=["-O3", "-ffp-contract=off"],
     optional=True,
     **LIBJPEG,
+)
+
+
+# readers.formats.checks: the CRC-32s of a batch of samples, the GIL released (no library).
+BATCH_CRC = Extension(
+    "readers.formats.crc32",
+    sources=["readers/formats/crc32.c"],
+    extra_compile_args=["-O3"],
+    optional=True,
 )
 
 
@@ -40,7 +50,7 @@ class OptionalBuildExt(build_ext):
         try:
             super().run()
         except Exception as e:  # no compiler at all: setuptools raises before `optional`
-            self.warn(f"the crop kernel was not built ({e}); crops use the Python path")
+            self.warn(f"the compiled modules were not built ({e}); imgpack uses its Python paths")
 
 
-setup(ext_modules=[KERNEL], cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=[CROP_KERNEL, BATCH_CRC], cmdclass={"build_ext": OptionalBuildExt})

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from readers.batch import SampleBatch, new_batch, stack_images
 from readers.epochs.placement import default_decode_threads
 from readers.formats import ShardOpener, ShardReader, open_local_shard
+from readers.formats.reader import read_checked
 from readers.imagefolder import ImageFolderAttributes
 from readers.images.crop import Crop
 from readers.images.decode import decode_image
@@ -272,7 +273,7 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         def read(part: slice) -> list[Any]:
             if values is not None:
                 return values[part]
-            return [self.shard(s).read(k) for s, k in located[part]]
+            return read_checked([(self.shard(s), k) for s, k in located[part]])
 
         crop_parts(
             read,

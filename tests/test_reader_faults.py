@@ -351,6 +351,13 @@ def test_flipped_byte_in_an_encoded_sample_fails_its_crc_naming_the_sample(
     with pytest.raises(readers.DatasetError, match=r"CRC-32"):
         ds.stored(16)  # undecoded too (decode=False and GPU decoding read this)
     assert ds[15][0].shape[0] == ds[17][0].shape[0] == 3
+    # the batch reads, whose CRC-32s are computed in one call: the same error
+    with pytest.raises(readers.DatasetError, match=rf"^{re.escape(str(shard))}\[16\]: .*CRC-32"):
+        ds.read_stored([15, 16, 17])
+    cropped = readers.open_dataset(root, crop=readers.CenterCrop(16), decode_threads=1)
+    with pytest.raises(readers.DatasetError, match=rf"^{re.escape(str(shard))}\[16\]: .*CRC-32"):
+        cropped.__getitems__([17, 16, 15])
+    assert cropped.__getitems__([15, 17]).images.shape == (2, 3, 16, 16)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

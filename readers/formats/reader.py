@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from readers.formats.checks import SampleCrcs
+from readers.formats.checks import SampleCrcs, stored_crcs
 
-__all__ = ["ShardReader"]
+__all__ = ["ShardReader", "check_fetched", "read_checked"]
 
 
 class ShardReader(ABC):
@@ -27,9 +28,18 @@ class ShardReader(ABC):
         rest. False for raw pixels and for shards written before CRCs were recorded."""
         return self.crcs.recorded
 
-    @abstractmethod
     def read(self, i: int) -> bytes | memoryview | np.ndarray:
-        """Stored value of local sample ``i``: encoded bytes or uint8 HWC pixels."""
+        """Stored value of local sample ``i``, checked: encoded bytes or uint8 HWC pixels."""
+        value = self.fetch(i)
+        if not isinstance(value, np.ndarray):
+            self.crcs.check(i, value)
+        return value
+
+    @abstractmethod
+    def fetch(self, i: int) -> bytes | memoryview | np.ndarray:
+        """Local sample ``i`` as :meth:`read` serves it, before the CRC-32 check of encoded
+        bytes (raw pixels are checked here, against their shape). Only :meth:`read` and
+        :func:`read_checked` call it."""
 
     @abstractmethod
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
@@ -42,4 +52,39 @@ class ShardReader(ABC):
     def read_many(self, indices: list[int]) -> list[bytes | memoryview | np.ndarray]:
         """Samples ``indices`` as :meth:`read` gives each (ascending order reads fastest;
         a reader of remote byte ranges fetches them in one round)."""
-        return [self.read(i) for i in indices]
+        return read_checked([(self, i) for i in indices])
+
+
+def read_checked(
+    located: Sequence[tuple[ShardReader, int]],
+) -> list[bytes | memoryview | np.ndarray]:
+    """The samples ``(shard reader, local index)``, from any shards, each as its
+    :meth:`ShardReader.read` gives it, their CRC-32s computed in one call (what a decode
+    thread reads for its part of a batch). Raises the ``DatasetError`` of the first sample,
+    in order, that cannot be read or fails its check."""
+    values: list[bytes | memoryview | np.ndarray] = []
+    try:
+        for reader, i in located:
+            values.append(reader.fetch(i))
+    finally:  # a sample before one that cannot be fetched is judged first
+        check_fetched(located[: len(values)], values)
+    return values
+
+
+def check_fetched(
+    located: Sequence[tuple[ShardReader, int]], values: Sequence[bytes | memoryview | np.ndarray]
+) -> None:
+    """Check the :meth:`ShardReader.fetch` ``values`` of the samples ``located`` against their
+    shards' CRC-32s (one :func:`readers.formats.checks.stored_crcs` call): the
+    ``DatasetError`` of the first that fails."""
+    checked = [
+        k
+        for k, (value, (reader, _)) in enumerate(zip(values, located, strict=True))
+        if reader.crcs.recorded and not isinstance(value, np.ndarray)
+    ]
+    if not checked:
+        return
+    actual = stored_crcs([values[k] for k in checked])  # type: ignore[misc]
+    for k, crc in zip(checked, actual.tolist(), strict=True):
+        reader, i = located[k]
+        reader.crcs.check(i, values[k], crc)  # type: ignore[arg-type]

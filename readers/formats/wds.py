@@ -27,7 +27,7 @@ import torch
 from readers import spec
 from readers.formats.checks import SampleCrcs, npy_pixels
 from readers.formats.paths import PathTable
-from readers.formats.reader import ShardReader
+from readers.formats.reader import ShardReader, check_fetched
 from readers.spec import DatasetError, Layout
 from readers.storage.remote import RemoteFolder
 
@@ -103,13 +103,13 @@ class WdsShard(ShardReader):
         self.crcs = SampleCrcs(crcs_array, self._path, len(self.labels))
         self._npy_headers: set[bytes] = set()  # .npy headers npy_pixels accepted here
 
-    def _checked(self, i: int, data: bytes) -> bytes | np.ndarray:
-        """Sample ``i``'s member bytes as its value, after the checks every path applies."""
+    def _value(self, i: int, data: bytes) -> bytes | np.ndarray:
+        """Sample ``i``'s member bytes as :meth:`fetch` serves them: the pixels of a raw
+        member, after checking its ``.npy`` header; encoded bytes as they are."""
         if self._raw[i]:
             pixels = npy_pixels(data, f"{self._path}[{i}]", self._shape)
             self._npy_headers.add(data[: len(data) - pixels.nbytes])
             return pixels
-        self.crcs.check(i, data)
         return data
 
     def _member(self, i: int) -> bytes:
@@ -119,8 +119,8 @@ class WdsShard(ShardReader):
             raise DatasetError(f"{self._path}[{i}]: sample lies past the end of the file")
         return data
 
-    def read(self, i: int) -> bytes | np.ndarray:
-        return self._checked(i, self._member(i))
+    def fetch(self, i: int) -> bytes | np.ndarray:
+        return self._value(i, self._member(i))
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
         # The pixels are the last bytes of each .npy member: read them straight into the
@@ -167,15 +167,21 @@ class RangedWdsShard(WdsShard):
             raise DatasetError(f"{remote.url_of(index_name)}: missing tar index: {e}") from e
         self._set_index(parse_index(data, remote.url_of(index_name), tar_size))
 
-    def read(self, i: int) -> bytes | np.ndarray:
-        return self.read_many([i])[0]
+    def fetch(self, i: int) -> bytes | np.ndarray:
+        return self._fetch_many([i])[0]
 
     def read_many(self, indices: list[int]) -> list[bytes | np.ndarray]:
+        values = self._fetch_many(indices)
+        check_fetched([(self, i) for i in indices], values)
+        return values
+
+    def _fetch_many(self, indices: list[int]) -> list[bytes | np.ndarray]:
+        """:meth:`fetch` of each of ``indices``, their byte ranges requested in one round."""
         starts = self._offsets[indices]
         blobs = self._remote.read_ranges(
             self._name, starts.tolist(), (starts + self._sizes[indices]).tolist()
         )
-        return [self._checked(i, data) for i, data in zip(indices, blobs, strict=True)]
+        return [self._value(i, data) for i, data in zip(indices, blobs, strict=True)]
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
         rows, indices = out.numpy().reshape(len(idx), -1), idx.tolist()

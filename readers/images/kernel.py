@@ -21,13 +21,14 @@ path, which judges it as before. Without the compiled module, or with ``IMGPACK_
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from functools import cache
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from readers.compiled import COMPILED_ENV, compiled_off
 
 __all__ = [
     "KERNEL_ENV",
@@ -39,7 +40,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-KERNEL_ENV = "IMGPACK_KERNEL"  # "0" turns the kernel off
+KERNEL_ENV = COMPILED_ENV  # "0" turns the kernel off
 # The columns of jpeg_headers() (the C file's H_* names).
 PARSED, WIDTH, HEIGHT, ORIENTATION, FRAME, PRECISION, COMPONENTS, COMPLETE = range(8)
 # SOF0 baseline, SOF1 extended sequential, SOF2 progressive (Huffman-coded, 8-bit).
@@ -50,7 +51,7 @@ _FRAMES = (0xC0, 0xC1, 0xC2)  # consecutive: kernel_decodes tests the range
 def crop_kernel() -> ModuleType | None:
     """The compiled module, or None (noted once in the log) when it was not built or
     ``IMGPACK_KERNEL=0`` turns it off."""
-    if os.environ.get(KERNEL_ENV, "").strip() == "0":
+    if compiled_off():
         log.info("%s=0: crops decode through the Python path", KERNEL_ENV)
         return None
     try:
