@@ -37,14 +37,14 @@ bench: setup
 	$(BIN)/python -m scripts.bench.convert --repeats 5 --json bench-data/results/convert.json
 	$(BIN)/python -m scripts.bench.read --repeats 5 --json bench-data/results/read.json
 
-# The crop kernel under AddressSanitizer (Python itself is not instrumented: libasan is
+# The compiled modules under AddressSanitizer (Python itself is not instrumented: libasan is
 # preloaded, leak checks off), then rebuilt as usual.
 ASAN_LIB = $(shell gcc -print-file-name=libasan.so)
 asan: setup
 	CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g -O1" LDFLAGS="-fsanitize=address" \
 		$(BIN)/python setup.py -q build_ext --inplace --force --build-temp build/asan
 	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$(ASAN_LIB) \
-		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_kernel.py tests/test_crop.py; \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_kernel.py tests/test_crop.py tests/test_crc.py; \
 		status=$$?; $(BIN)/python setup.py -q build_ext --inplace --force; exit $$status
 
 lint: setup

@@ -24,7 +24,6 @@ from torch.utils.data import Dataset
 from readers.batch import SampleBatch, new_batch, stack_images
 from readers.epochs.placement import default_decode_threads
 from readers.formats import ShardOpener, ShardReader, open_local_shard
-from readers.formats.reader import read_checked
 from readers.imagefolder import ImageFolderAttributes
 from readers.images.crop import Crop
 from readers.images.decode import decode_image
@@ -174,7 +173,10 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         """Samples ``indices`` as :meth:`stored` gives each, in that order, read shard by
         shard in ascending order: one round of merged range requests per shard for a
         remote ``wds`` dataset read by byte ranges (what :class:`readers.WdsStream` does)."""
-        located = [self.locate(i) for i in indices]
+        return self._read_located([self.locate(i) for i in indices])
+
+    def _read_located(self, located: list[tuple[int, int]]) -> list[Any]:
+        """:meth:`read_stored` of the samples ``(shard, local index)``."""
         order = sorted(range(len(located)), key=located.__getitem__)
         values: list[Any] = [None] * len(located)
         for shard, rows in groupby(order, key=lambda row: located[row][0]):
@@ -265,18 +267,14 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         values: list[Any] | None,
         rows: torch.Tensor,
     ) -> None:
-        """Decode, crop and resize each sample into its HWC row of ``rows``, each decode
-        thread reading its part of the batch (unless its stored ``values`` are given): see
+        """Decode, crop and resize each sample into its HWC row of ``rows``, from its stored
+        value (read here as :meth:`read_stored` reads, unless ``values`` are given): see
         :func:`readers.images.fused.crop_parts`. Every shard is opened here first."""
         verified = all(self.shard(s).verified for s in {s for s, _ in located})
-
-        def read(part: slice) -> list[Any]:
-            if values is not None:
-                return values[part]
-            return read_checked([(self.shard(s), k) for s, k in located[part]])
-
+        if values is None:
+            values = self._read_located(located)
         crop_parts(
-            read,
+            values,
             np.array([(self._ends[s - 1] if s else 0) + k for s, k in located]),
             crop,
             rows.numpy(),

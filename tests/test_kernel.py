@@ -13,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -454,6 +455,35 @@ def test_batches_do_not_depend_on_decode_threads(jpeg_dataset: Path, crop) -> No
         ds = readers.open_dataset(jpeg_dataset, crop=crop, decode_threads=threads)
         batches.append(readers.collate(ds.__getitems__(list(range(len(ds)))))[0])
     assert torch.equal(batches[0], batches[1]) and torch.equal(batches[0], batches[2])
+
+
+@needs_kernel
+def test_threads_sharing_a_batch_decode_each_row_once_as_one_call_does(jpeg_dataset: Path) -> None:
+    # crop_parts' decode threads take the batch's rows one at a time from a shared counter
+    ds = readers.open_dataset(jpeg_dataset)
+    values = [bytes(v) for v in ds.read_stored(range(len(ds)))]
+    values[3] = values[3][: len(values[3]) // 2] + b"\xff\xd9"  # truncated: libjpeg warns
+    k = kernel.crop_kernel()
+    headers = kernel.jpeg_headers(k, values)
+    sizes = np.ascontiguousarray(headers[:, [kernel.HEIGHT, kernel.WIDTH]])
+    boxes = readers.RandomResizedCrop(32, flip=True).boxes(sizes, np.arange(len(values)))
+    rows = np.arange(len(values), dtype=np.int64)
+    alone = np.zeros((len(values), 32, 32, 3), dtype=np.uint8)
+    failed = kernel.crop_rows(k, values, rows, boxes, sizes, alone)
+    shared = np.full_like(alone, 7)
+    status = np.zeros(len(values), dtype=np.int32)
+    next_row = np.zeros(1, dtype=np.int64)
+    args = (k, values, rows, boxes, sizes, shared, status, next_row)
+    threads = [threading.Thread(target=kernel.crop_shared, args=args) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert next_row[0] == len(rows) + len(threads)  # every row taken once, then one past each
+    assert 3 in failed and np.flatnonzero(status).tolist() == failed.tolist()
+    assert np.array_equal(shared[status == 0], alone[status == 0])
+    with pytest.raises(ValueError, match="next has 16 bytes, not 8"):
+        kernel.crop_shared(k, values, rows, boxes, sizes, shared, status, np.zeros(2, np.int64))
 
 
 # `make asan` preloads AddressSanitizer's runtime; a child needs it too to load the kernel.

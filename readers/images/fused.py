@@ -8,9 +8,10 @@ and mirrored by the copy. Without DCT scaling the pixels equal a full decode fol
 the same crop and resize on the tensor; with it they differ by a few levels.
 
 Upright, complete baseline/progressive JPEGs go to the compiled kernel
-(:mod:`readers.images.kernel`): one call per decode thread for its slice of the batch, the
-GIL released, only the box decoded; it places a DCT-scaled box at its exact (fractional)
-position, so it comes closer to the full decode than the rounded box below. The Python
+(:mod:`readers.images.kernel`): one call per decode thread, the threads taking the batch's
+JPEGs one at a time from a shared counter, the GIL released, only the box decoded; it
+places a DCT-scaled box at its exact (fractional) position, so it comes closer to the full
+decode than the rounded box below. The Python
 path, for everything else and wherever the kernel is missing or refuses a sample: other
 upright JPEGs through libjpeg-turbo (:mod:`readers.images.turbo`); everything else, and any
 JPEG libjpeg-turbo fails or warns on, decoded by :func:`readers.decode_image` (PyTurboJPEG,
@@ -21,6 +22,8 @@ pixels.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
+from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -34,7 +37,7 @@ from readers.images.kernel import (
     HEIGHT,
     WIDTH,
     crop_kernel,
-    crop_rows,
+    crop_shared,
     jpeg_headers,
     kernel_decodes,
 )
@@ -43,13 +46,16 @@ from readers.images.turbo import TurboDecoder, turbo_decoder
 from readers.spec import DatasetError
 
 __all__ = [
+    "CropPlan",
     "Probe",
     "crop_batch",
     "crop_parts",
+    "crop_python",
     "dct_factor",
     "fill_decoded",
     "fill_row",
     "place",
+    "plan_crops",
     "probe",
     "resize",
 ]
@@ -152,34 +158,36 @@ def fill_decoded(value: bytes | memoryview, crop: Crop, index: int, out: np.ndar
     place(pixels, box, out)
 
 
-def crop_batch(
+class CropPlan(NamedTuple):
+    """A batch's crops, decided before any decode (:func:`plan_crops`)."""
+
+    kernel: ModuleType | None  # the compiled crop kernel, where it and libjpeg-turbo are
+    fast: np.ndarray  # bool [n]: the rows the kernel takes
+    found: list[Probe | None]  # the others: probed for the Python path, or None (not sized)
+    sizes: np.ndarray  # int64 [n, 2]: upright height, width, where known
+    boxes: np.ndarray  # int64 [n, 5]: top, left, height, width, flip, where known
+
+
+def _named(where: Callable[[int], str], row: int, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except ValueError as e:  # name the sample only when it fails: this path is hot
+        raise DatasetError(f"{where(row)}: {e}") from e
+
+
+def plan_crops(
     values: Sequence[bytes | memoryview | np.ndarray],
     indices: np.ndarray,
     crop: Crop,
-    rows: np.ndarray,
     where: Callable[[int], str],
-    verified: bool = False,
-) -> None:
-    """Fill ``rows`` (uint8 ``[n, H, W, 3]``) with the crops of the stored ``values`` of
-    samples ``indices``, on the calling thread (a decode thread: the caller splits a batch
-    into parts): sizes from the JPEG markers and every box drawn at once, then the JPEGs
-    the compiled kernel takes decoded in one call without the GIL
-    (:mod:`readers.images.kernel`), the rest one by one. ``verified``: the values passed
-    their CRC-32 (:attr:`readers.formats.reader.ShardReader.verified`), so the kernel may
-    stop decoding after each box.
+) -> CropPlan:
+    """Every sample's size, from its JPEG markers (one kernel call for the batch) or a
+    probe, and every box drawn at once.
 
     Raises:
-        DatasetError: naming the sample (``where(row)``) that cannot be decoded.
+        DatasetError: naming the first sample (``where(row)``) over the pixel limit.
     """
-    turbo = turbo_decoder()
     kernel = crop_kernel() if decoder_name() == "turbojpeg" else None  # libjpeg-turbo too
-
-    def named(row: int, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except ValueError as e:  # name the sample only when it fails: this path is hot
-            raise DatasetError(f"{where(row)}: {e}") from e
-
     n = len(values)
     sizes = np.zeros((n, 2), dtype=np.int64)
     fast = np.zeros(n, dtype=bool)
@@ -189,57 +197,97 @@ def crop_batch(
         sizes[:, 0], sizes[:, 1] = headers[:, HEIGHT], headers[:, WIDTH]
     found: list[Probe | None] = [None] * n
     known = fast.copy()  # the rows whose size is known before decoding
+    turbo = turbo_decoder()
     for row in np.flatnonzero(~fast):
-        probed = found[row] = named(row, lambda v=values[row]: probe(v, turbo))
+        probed = found[row] = _named(where, row, lambda v=values[row]: probe(v, turbo))
         if probed is not None:
             sizes[row], known[row] = (probed.height, probed.width), True
     boxes = np.zeros((n, 5), dtype=np.int64)
     if known.any():
         boxes[known] = crop.boxes(sizes[known], indices[known])
-    failed = np.flatnonzero(fast)
-    if kernel is not None and len(failed):
-        failed = crop_rows(kernel, values, failed, boxes, sizes, rows, verified=verified)
-    for row in failed:  # libjpeg failed or warned: judged as without the kernel
-        data = values[row]
-        height, width = (int(v) for v in sizes[row])
-        found[row] = Probe(data if isinstance(data, bytes) else bytes(data), height, width)
+    return CropPlan(kernel, fast, found, sizes, boxes)
 
-    def fill(row: int) -> None:
-        probed = found[row]
+
+def crop_python(
+    plan: CropPlan,
+    todo: np.ndarray,
+    values: Sequence[bytes | memoryview | np.ndarray],
+    indices: np.ndarray,
+    crop: Crop,
+    rows: np.ndarray,
+    where: Callable[[int], str],
+) -> None:
+    """The rows ``todo`` (ascending) of the batch ``rows`` on the Python path, one by one:
+    those the kernel does not take (their probes in ``plan``) or refused (libjpeg failed or
+    warned: judged as without the kernel).
+
+    Raises:
+        DatasetError: naming the first of them (``where(row)``) that cannot be decoded.
+    """
+    turbo = turbo_decoder()
+    for row in todo:
+        probed = plan.found[row]
+        if plan.fast[row]:
+            data = values[row]
+            height, width = (int(v) for v in plan.sizes[row])
+            probed = Probe(data if isinstance(data, bytes) else bytes(data), height, width)
         if probed is None:
-            fill_decoded(values[row], crop, int(indices[row]), rows[row])  # type: ignore[arg-type]
+            fill = partial(fill_decoded, values[row], crop, int(indices[row]), rows[row])
         else:
-            fill_row(probed, boxes[row], rows[row], turbo)
+            fill = partial(fill_row, probed, plan.boxes[row], rows[row], turbo)
+        _named(where, row, fill)
 
-    for row in sorted([*failed, *np.flatnonzero(~fast)]):  # the first failing row raises
-        named(row, lambda r=row: fill(r))
+
+def crop_batch(
+    values: Sequence[bytes | memoryview | np.ndarray],
+    indices: np.ndarray,
+    crop: Crop,
+    rows: np.ndarray,
+    where: Callable[[int], str],
+    verified: bool = False,
+) -> None:
+    """:func:`crop_parts` on the calling thread alone: fill ``rows`` (uint8 ``[n, H, W,
+    3]``) with the crops of the stored ``values`` of samples ``indices``."""
+    crop_parts(values, indices, crop, rows, where, verified, None, 1)
 
 
 def crop_parts(
-    read: Callable[[slice], Sequence[bytes | memoryview | np.ndarray]],
+    values: Sequence[bytes | memoryview | np.ndarray],
     indices: np.ndarray,
     crop: Crop,
     rows: np.ndarray,
     where: Callable[[int], str],
     verified: bool,
-    pool: DecodePool,
+    pool: DecodePool | None,
     threads: int,
 ) -> None:
-    """Fill ``rows`` with the crops of samples ``indices``, the batch cut into one
-    contiguous part per decode thread: each thread reads its part's stored values
-    (``read(part)``; the readers release the GIL for their I/O and CRC-32s) and crops them
-    (:func:`crop_batch`: one kernel call). Measured against reading the whole batch on the
-    calling thread first (3 % fewer samples/s) and against reading it part by part there
-    while the threads decode (slower still): docs/BENCHMARKS.md.
+    """Fill ``rows`` with the crops of the stored ``values`` of samples ``indices``: the
+    batch planned on the calling thread (:func:`plan_crops`), then one kernel call per
+    decode thread, the threads taking the JPEGs one at a time from a shared counter
+    (:func:`readers.images.kernel.crop_shared`: none idles while another has boxes left,
+    whatever each costs), then the rows left to the Python path (:func:`crop_python`) cut
+    into one contiguous part per thread. ``verified``: the values passed their CRC-32
+    (:attr:`readers.formats.reader.ShardReader.verified`), so the kernel may stop decoding
+    after each box. Measured against each thread planning and decoding its own half of the
+    batch: docs/BENCHMARKS.md.
 
     Raises:
-        DatasetError: for the first part, in order, with a sample (``where(row)``) that
-        cannot be read or decoded.
+        DatasetError: naming the first sample (``where(row)``) over the pixel limit, else
+        the first that cannot be decoded.
     """
-
-    def decode(part: slice) -> None:
-        start = part.start
-        named = lambda row: where(start + row)  # noqa: E731
-        crop_batch(read(part), indices[part], crop, rows[part], named, verified)
-
-    pool.map(decode, batch_parts(len(indices), threads), threads)
+    plan = plan_crops(values, indices, crop, where)
+    run = pool.map if pool is not None and threads > 1 else lambda fn, xs, _: [fn(x) for x in xs]
+    taken = np.flatnonzero(plan.fast)
+    status = np.zeros(len(values), dtype=np.int32)
+    if plan.kernel is not None and len(taken):
+        next_row = np.zeros(1, dtype=np.int64)
+        share = partial(
+            crop_shared, plan.kernel, values, taken, plan.boxes, plan.sizes, rows, status, next_row
+        )
+        run(lambda _: share(verified=verified), range(max(min(threads, len(taken)), 1)), threads)
+    todo = np.flatnonzero(~plan.fast | (status != 0))
+    if len(todo):
+        parts = [todo[part] for part in batch_parts(len(todo), threads)]
+        run(
+            lambda part: crop_python(plan, part, values, indices, crop, rows, where), parts, threads
+        )

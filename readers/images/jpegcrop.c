@@ -6,7 +6,7 @@
  *   headers(values, out)  one row of HEADER_FIELDS int64 per value, from the markers alone
  *                         (the walk of readers.images.jpeg.jpeg_header, plus the frame's
  *                         type, precision and components);
- *   crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar]]])
+ *   crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar[, next]]]])
  *                         for each row in `rows`: decode the box `boxes[row]` of the JPEG
  *                         `values[row]` (of the size `sizes[row]`) with libjpeg
  *                         (jpeg_crop_scanline for its columns, jpeg_skip_scanlines to an iMCU
@@ -18,7 +18,10 @@
  *                         CPU has it), mirror it if asked, and store it into `out[row]`
  *                         (uint8 [n, out_h, out_w, 3], or with `planar` [n, 3, out_h,
  *                         out_w]); `status[row]` is 0, or the reason the caller must
- *                         decode that sample its own way.
+ *                         decode that sample its own way. Calls on several threads given
+ *                         the same `next` (int64 [1], from 0) share `rows`: each takes the
+ *                         next one by an atomic increment, so they finish together
+ *                         whatever each box costs.
  *   encode(pixels, height, width, quality, restart)
  *                         RGB rows as TurboJPEG's baseline 4:2:0 JPEG, with a restart
  *                         marker every `restart` MCUs.
@@ -942,12 +945,12 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
 }
 
 static PyObject *crop(PyObject *self, PyObject *args) {
-    PyObject *values, *rows_obj, *boxes_obj, *out_obj, *status_obj, *sizes_obj;
+    PyObject *values, *rows_obj, *boxes_obj, *out_obj, *status_obj, *sizes_obj, *next_obj = Py_None;
     int out_h, out_w, dct = 0, verified = 0, planar = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!OOOOOii|ipp", &PyList_Type, &values, &rows_obj, &boxes_obj,
+    if (!PyArg_ParseTuple(args, "O!OOOOOii|ippO", &PyList_Type, &values, &rows_obj, &boxes_obj,
                           &sizes_obj, &out_obj, &status_obj, &out_h, &out_w, &dct, &verified,
-                          &planar))
+                          &planar, &next_obj))
         return NULL;
     if (out_h <= 0 || out_w <= 0) {
         PyErr_SetString(PyExc_ValueError, "the output size must be positive");
@@ -958,8 +961,16 @@ static PyObject *crop(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(values);
-    Py_buffer rows_v, boxes_v, sizes_v, out_v, status_v;
-    if (PyObject_GetBuffer(rows_obj, &rows_v, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_buffer rows_v, boxes_v, sizes_v, out_v, status_v, next_v = {0};
+    int64_t own_next = 0, *next = &own_next; /* the index in `rows` of the next row to take */
+    if (next_obj != Py_None) {
+        if (get_array(next_obj, &next_v, 1, sizeof(int64_t), 1, "next") < 0) return NULL;
+        next = next_v.buf;
+    }
+    if (PyObject_GetBuffer(rows_obj, &rows_v, PyBUF_C_CONTIGUOUS) < 0) {
+        if (next_v.obj != NULL) PyBuffer_Release(&next_v);
+        return NULL;
+    }
     Py_ssize_t m = rows_v.len / (Py_ssize_t)sizeof(int64_t);
     const int64_t *rows = rows_v.buf;
     int got = 0;
@@ -1004,7 +1015,9 @@ static PyObject *crop(PyObject *self, PyObject *args) {
         if (setjmp(errors.jump) == 0) {
             jpeg_create_decompress(&cinfo);
             cinfo.progress = &progress;
-            for (Py_ssize_t k = 0; k < m; k++) {
+            for (;;) { /* calls sharing `next` take the rows one at a time, in order */
+                Py_ssize_t k = (Py_ssize_t)__atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+                if (k >= m) break;
                 int64_t row = rows[k];
                 const int64_t *bx = boxes + row * 5;
                 Box box = {bx[0], bx[1], bx[2], bx[3], bx[4]};
@@ -1015,8 +1028,9 @@ static PyObject *crop(PyObject *self, PyObject *args) {
                                   : CROP_UNSUPPORTED;
             }
             jpeg_destroy_decompress(&cinfo);
-        } else { /* jpeg_create_decompress itself failed: nothing decoded */
-            for (Py_ssize_t k = 0; k < m; k++) status[rows[k]] = CROP_MEMORY;
+        } else { /* jpeg_create_decompress itself failed: the rows left, not decoded */
+            for (Py_ssize_t k; (k = (Py_ssize_t)__atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < m;)
+                status[rows[k]] = CROP_MEMORY;
         }
         free(scratch.pixels);
         free(scratch.box);
@@ -1034,6 +1048,7 @@ static PyObject *crop(PyObject *self, PyObject *args) {
     if (got > 1) PyBuffer_Release(&sizes_v);
     if (got > 0) PyBuffer_Release(&boxes_v);
     PyBuffer_Release(&rows_v);
+    if (next_v.obj != NULL) PyBuffer_Release(&next_v);
     if (!ok) return NULL;
     Py_RETURN_NONE;
 }
@@ -1122,12 +1137,14 @@ static PyMethodDef methods[] = {
      "precision, components, complete) from each value's JPEG markers; zeros for a value "
      "that is not bytes-like or whose markers do not parse."},
     {"crop", crop, METH_VARARGS,
-     "crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar]]]): "
+     "crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar[, next]]]]): "
      "decode, crop, resize and mirror values[row] into out[row] for each row, the GIL "
      "released; status[row] 0 or the reason to decode it another way. dct: the IDCT's scale "
      "denominator (1, 2, 4, 8) for boxes inside the image; 0 (default) picks the largest "
      "keeping the box at least the output. verified: stop decoding after the box. planar: "
-     "out is [n, 3, out_h, out_w] instead of [n, out_h, out_w, 3]."},
+     "out is [n, 3, out_h, out_w] instead of [n, out_h, out_w, 3]. next: an int64 [1] "
+     "(from 0) that calls on other threads share, each taking the next of rows by an "
+     "atomic increment."},
     {"encode", encode, METH_VARARGS,
      "encode(pixels, height, width, quality, restart) -> bytes: uint8 RGB rows as a baseline "
      "4:2:0 JPEG, the GIL released, with TurboJPEG's settings (so that restart=0 gives "

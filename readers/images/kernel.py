@@ -2,8 +2,9 @@
 
 Two calls per batch, neither holding the GIL: :func:`jpeg_headers` reads every sample's
 JPEG markers at once (what :func:`readers.images.jpeg.jpeg_header` reads, plus the frame's
-type and components), and :func:`crop_rows`, called once by each decode thread for its
-slice, decodes only the box of each JPEG (libjpeg's ``jpeg_crop_scanline`` and
+type and components), and :func:`crop_shared`, called once by each decode thread, the
+threads taking the batch's rows one at a time from a shared counter (:func:`crop_rows` for
+one thread), decodes only the box of each JPEG (libjpeg's ``jpeg_crop_scanline`` and
 ``jpeg_skip_scanlines``; a scaled IDCT under :func:`readers.images.fused.dct_factor`'s
 rule), resizes it with a port of torch's uint8 antialiased bilinear (bit-exact) and stores
 it, mirrored if asked, straight into its batch row. Verified bytes (see :func:`crop_rows`)
@@ -34,6 +35,7 @@ __all__ = [
     "KERNEL_ENV",
     "crop_kernel",
     "crop_rows",
+    "crop_shared",
     "jpeg_headers",
     "kernel_decodes",
 ]
@@ -106,13 +108,35 @@ def crop_rows(
     the box's last row and, where restart markers allow, decodes only the intervals around
     the box; otherwise the rest is entropy-decoded too, so that damage anywhere in the file
     fails as a full decode's would."""
+    status = np.zeros(len(values), dtype=np.int32)
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    crop_shared(kernel, values, rows, boxes, sizes, out, status, None, dct_denominator, verified)
+    return rows[status[rows] != 0]
+
+
+def crop_shared(
+    kernel: ModuleType,
+    values: Sequence[Any],
+    rows: np.ndarray,
+    boxes: np.ndarray,
+    sizes: np.ndarray,
+    out: np.ndarray,
+    status: np.ndarray,
+    next_row: np.ndarray | None,
+    dct_denominator: int | None = None,
+    verified: bool = False,
+) -> None:
+    """:func:`crop_rows`, as one of several decode threads' calls sharing ``rows``: given
+    the same ``next_row`` (int64 ``[1]``, from 0), each call takes the next row by an
+    atomic increment, so the threads finish together whatever each box costs. Writes
+    ``status[row]`` (int32 ``[len(values)]``) for every row: 0, or why the Python path must
+    decode it; read it once every call has returned."""
     planes = out.transpose(0, 3, 1, 2)
     planar = not out.flags.c_contiguous
     if planar and not planes.flags.c_contiguous:
         raise ValueError("out must be a C-contiguous NHWC array or the NHWC view of an NCHW one")
-    status = np.zeros(len(values), dtype=np.int32)
     kernel.crop(
-        list(values),
+        values if isinstance(values, list) else list(values),
         np.ascontiguousarray(rows, dtype=np.int64),
         np.ascontiguousarray(boxes, dtype=np.int64),
         np.ascontiguousarray(sizes, dtype=np.int64),
@@ -122,5 +146,5 @@ def crop_rows(
         dct_denominator or 0,
         verified,
         planar,
+        next_row,
     )
-    return rows[status[rows] != 0]
