@@ -690,7 +690,7 @@ def test_the_kernel_encoder_refuses_what_it_cannot_encode() -> None:
 @needs_kernel
 def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: Path) -> None:
     # `pip wheel .` (what a release build runs, scripts/wheels/cibuildwheel.toml) puts the
-    # kernel in the wheel, and the wheels' smoke test crops a JPEG with that very file
+    # kernel and the batch CRC-32 in the wheel, and the wheels' smoke test runs those files
     subprocess.run(
         [
             sys.executable,
@@ -709,11 +709,13 @@ def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: P
         timeout=600,
     )
     (wheel,) = tmp_path.glob("imgpack-*.whl")
+    built = []
     with zipfile.ZipFile(wheel) as archive:
-        (name,) = [n for n in archive.namelist() if n.startswith("readers/images/jpegcrop.")]
-        built = Path(archive.extract(name, tmp_path / "unpacked"))
+        for stem in ("readers/images/jpegcrop.", "readers/formats/crc32."):
+            (name,) = [n for n in archive.namelist() if n.startswith(stem)]
+            built.append(archive.extract(name, tmp_path / "unpacked"))
     check = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "wheels" / "check_wheel.py"), str(built)],
+        [sys.executable, str(ROOT / "scripts" / "wheels" / "check_wheel.py"), *built],
         capture_output=True,
         text=True,
         timeout=120,
@@ -721,3 +723,4 @@ def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: P
     )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "the crop kernel works" in check.stdout
+    assert "the batch CRC-32 works" in check.stdout

@@ -1,10 +1,11 @@
 """A release wheel's smoke test (``scripts/wheels/cibuildwheel.toml``): the installed crop
-kernel loads, reads a JPEG's header and crops it to the pixels of Pillow's full decode.
+kernel loads, reads a JPEG's header and crops it to the pixels of Pillow's full decode, and
+the batch CRC-32 gives zlib's numbers.
 
-It loads the compiled module by its file, not through ``import readers`` (which would
+It loads the compiled modules by their files, not through ``import readers`` (which would
 import torch), and needs only NumPy and Pillow:
 
-    python scripts/wheels/check_wheel.py [PATH_TO_jpegcrop.so]
+    python scripts/wheels/check_wheel.py [PATH_TO_jpegcrop.so PATH_TO_crc32.so]
 """
 
 from __future__ import annotations
@@ -14,34 +15,48 @@ import importlib.metadata
 import importlib.util
 import io
 import sys
+import zlib
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 from PIL import Image
 
-NAME = "readers.images.jpegcrop"
+KERNEL = "readers.images.jpegcrop"
+BATCH_CRC = "readers.formats.crc32"
 
 
-def installed_kernel() -> Path:
-    """The kernel's file in the installed ``imgpack`` distribution."""
+def installed(name: str) -> Path:
+    """The compiled module ``name``'s file in the installed ``imgpack`` distribution."""
+    stem = name.rsplit(".", 1)[1] + "."
     for file in importlib.metadata.files("imgpack") or []:
-        if file.name.startswith("jpegcrop.") and file.suffix in (".so", ".pyd"):
+        if file.name.startswith(stem) and file.suffix in (".so", ".pyd"):
             return Path(file.locate())
-    raise SystemExit("the imgpack wheel has no compiled crop kernel")
+    raise SystemExit(f"the imgpack wheel has no compiled {name}")
 
 
-def load(path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader(NAME, str(path))
-    spec = importlib.util.spec_from_file_location(NAME, path, loader=loader)
+def load(name: str, path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
 
 
-def main() -> None:
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else installed_kernel()
-    kernel = load(path)
+def check_crcs(path: Path) -> None:
+    """The batch CRC-32 of values of many lengths is zlib's."""
+    crc32 = load(BATCH_CRC, path)
+    rng = np.random.default_rng(1)
+    values = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in range(0, 2000, 7)]
+    out = np.zeros(len(values), dtype=np.uint32)
+    crc32.crcs(values, out)
+    assert out.tolist() == [zlib.crc32(v) for v in values], "the batch CRC-32 is not zlib's"
+    print(f"{path.name}: the batch CRC-32 works (carry-less multiplication: {bool(crc32.CLMUL)})")
+
+
+def check_kernel(path: Path) -> None:
+    """The crop kernel parses a JPEG's header and crops it as Pillow decodes it."""
+    kernel = load(KERNEL, path)
     rng = np.random.default_rng(0)
     photo = rng.integers(0, 256, (96, 128, 3), dtype=np.uint8).repeat(2, 0).repeat(2, 1)
     buffer = io.BytesIO()
@@ -60,6 +75,13 @@ def main() -> None:
     difference = np.abs(out[0].astype(int) - full[top : top + size, left : left + size]).max()
     assert difference <= 1, f"the kernel's crop differs from Pillow's decode by {difference}"
     print(f"{path.name}: the crop kernel works (max difference from Pillow {difference})")
+
+
+def main() -> None:
+    paths = [Path(p) for p in sys.argv[1:3]] or [installed(KERNEL), installed(BATCH_CRC)]
+    check_kernel(paths[0])
+    if len(paths) > 1:
+        check_crcs(paths[1])
 
 
 if __name__ == "__main__":
