@@ -11,12 +11,11 @@ Upright, complete baseline/progressive JPEGs go to the compiled kernel
 (:mod:`readers.images.kernel`): one call per decode thread, the threads taking the batch's
 JPEGs one at a time from a shared counter, the GIL released, only the box decoded; it
 places a DCT-scaled box at its exact (fractional) position, so it comes closer to the full
-decode than the rounded box below. The Python
-path, for everything else and wherever the kernel is missing or refuses a sample: other
-upright JPEGs through libjpeg-turbo (:mod:`readers.images.turbo`); everything else, and any
-JPEG libjpeg-turbo fails or warns on, decoded by :func:`readers.decode_image` (PyTurboJPEG,
-else Pillow: the same judge of damaged files as every other path) and cropped from its
-pixels.
+decode than the rounded box below. The Python path, for everything else and wherever the
+kernel is missing or refuses a sample: other upright JPEGs through libjpeg-turbo
+(:mod:`readers.images.turbo`); everything else, and any JPEG libjpeg-turbo fails or warns
+on, decoded by :func:`readers.decode_image` (PyTurboJPEG, else Pillow: the same judge of
+damaged files as every other path) and cropped from its pixels.
 """
 
 from __future__ import annotations
