@@ -28,7 +28,7 @@ import readers
 from convert import ConvertOptions, convert_folder
 from readers.images import kernel
 from readers.images.decode import decode_image
-from readers.images.fused import crop_batch, dct_factor
+from readers.images.fused import crop_parts, dct_factor
 from readers.images.jpeg import jpeg_header
 from tests.photos import encode, photo_crop
 
@@ -202,7 +202,7 @@ def test_dct_scaled_crops_stay_close_to_the_full_decode() -> None:
 
 
 @needs_kernel
-def test_crop_batch_sends_only_upright_complete_jpegs_to_the_kernel() -> None:
+def test_crop_parts_sends_only_upright_complete_jpegs_to_the_kernel() -> None:
     """EXIF-rotated, CMYK, PNG and pixel samples take the Python path (the kernel only
     decodes upright JPEGs); the batch equals the recipe for all of them."""
     photo = photo_crop(120, 150, seed=2)
@@ -221,7 +221,7 @@ def test_crop_batch_sends_only_upright_complete_jpegs_to_the_kernel() -> None:
     crop = readers.RandomResizedCrop((64, 80), flip=True, seed=9)
     rows = np.zeros((len(values), 64, 80, 3), dtype=np.uint8)
     indices = np.arange(len(values))
-    crop_batch(values, indices, crop, rows, str)
+    crop_parts(values, indices, crop, rows, str)
     for row, value in enumerate(values):
         pixels = value if isinstance(value, np.ndarray) else decode_image(value)
         box = crop.boxes(np.array([pixels.shape[:2]]), indices[row : row + 1])[0]
@@ -245,7 +245,7 @@ import json, os, random, sys
 import numpy as np
 import readers
 from readers.images import kernel
-from readers.images.fused import crop_batch, dct_factor
+from readers.images.fused import crop_parts, dct_factor
 from readers.images.jpeg import jpeg_header
 from readers.spec import DatasetError
 from tests.test_kernel import ENCODINGS, jpeg
@@ -326,7 +326,7 @@ def crop_for(data, index):
 def outcome(data, index, verified=False):
     rows = np.zeros((1, *SIZE, 3), dtype=np.uint8)
     try:
-        crop_batch([data], np.array([index]), crop_for(data, index), rows, lambda row: "sample",
+        crop_parts([data], np.array([index]), crop_for(data, index), rows, lambda row: "sample",
                    verified)
     except DatasetError as e:
         return "error", str(e)
@@ -508,12 +508,12 @@ CROP_TWICE = """
     {setup}
     import numpy as np
     import readers
-    from readers.images.fused import crop_batch
+    from readers.images.fused import crop_parts
     data = open("sample_data/scenes/china_00.jpg", "rb").read()
     rows = np.zeros((2, 224, 224, 3), dtype=np.uint8)
     crop = readers.RandomResizedCrop(224, flip=True, seed=1)  # a 427x640 photo: never DCT-scaled
     for _ in range(2):
-        crop_batch([data, data], np.arange(2), crop, rows, str)
+        crop_parts([data, data], np.arange(2), crop, rows, str)
     print(readers.decoder_name(), readers.decoder_name(crop=True), rows.tobytes().hex())
 """
 

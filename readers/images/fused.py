@@ -47,7 +47,6 @@ from readers.spec import DatasetError
 __all__ = [
     "CropPlan",
     "Probe",
-    "crop_batch",
     "crop_parts",
     "crop_python",
     "dct_factor",
@@ -237,38 +236,26 @@ def crop_python(
         _named(where, row, fill)
 
 
-def crop_batch(
-    values: Sequence[bytes | memoryview | np.ndarray],
-    indices: np.ndarray,
-    crop: Crop,
-    rows: np.ndarray,
-    where: Callable[[int], str],
-    verified: bool = False,
-) -> None:
-    """:func:`crop_parts` on the calling thread alone: fill ``rows`` (uint8 ``[n, H, W,
-    3]``) with the crops of the stored ``values`` of samples ``indices``."""
-    crop_parts(values, indices, crop, rows, where, verified, None, 1)
-
-
 def crop_parts(
     values: Sequence[bytes | memoryview | np.ndarray],
     indices: np.ndarray,
     crop: Crop,
     rows: np.ndarray,
     where: Callable[[int], str],
-    verified: bool,
-    pool: DecodePool | None,
-    threads: int,
+    verified: bool = False,
+    pool: DecodePool | None = None,
+    threads: int = 1,
 ) -> None:
-    """Fill ``rows`` with the crops of the stored ``values`` of samples ``indices``: the
-    batch planned on the calling thread (:func:`plan_crops`), then one kernel call per
-    decode thread, the threads taking the JPEGs one at a time from a shared counter
-    (:func:`readers.images.kernel.crop_shared`: none idles while another has boxes left,
-    whatever each costs), then the rows left to the Python path (:func:`crop_python`) cut
-    into one contiguous part per thread. ``verified``: the values passed their CRC-32
-    (:attr:`readers.formats.reader.ShardReader.verified`), so the kernel may stop decoding
-    after each box. Measured against each thread planning and decoding its own half of the
-    batch: docs/BENCHMARKS.md.
+    """Fill ``rows`` (uint8 ``[n, H, W, 3]``) with the crops of the stored ``values`` of
+    samples ``indices`` (``where(row)`` names one in errors): the batch planned on the
+    calling thread (:func:`plan_crops`), then one kernel call per decode thread of ``pool``
+    (none: the calling thread alone), the threads taking the JPEGs one at a time from a
+    shared counter (:func:`readers.images.kernel.crop_shared`: none idles while another has
+    boxes left, whatever each costs), then the rows left to the Python path
+    (:func:`crop_python`) cut into one contiguous part per thread. ``verified``: the values
+    passed their CRC-32 (:attr:`readers.formats.reader.ShardReader.verified`), so the
+    kernel may stop decoding after each box. Measured against each thread planning and
+    decoding its own half of the batch: docs/BENCHMARKS.md.
 
     Raises:
         DatasetError: naming the first sample (``where(row)``) over the pixel limit, else
