@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import default_collate
 
 from readers.epochs.placement import current_worker
+from readers.shared_batches import this_worker_pool, worker_pool
 
 __all__ = ["SampleBatch", "collate", "collate_any", "copy_image", "new_batch", "stack_images"]
 
@@ -35,14 +36,17 @@ class SampleBatch(Sequence):
 
 
 def collate(batch: Any) -> Any:
-    """DataLoader ``collate_fn``: passes imgpack's pre-stacked batches through untouched and
-    falls back to ``default_collate`` for anything else.
+    """DataLoader ``collate_fn``: passes imgpack's pre-stacked batches through untouched (in
+    a worker, through its reused shared buffers: :mod:`readers.shared_batches`) and falls
+    back to ``default_collate`` for anything else.
 
     Raises:
         ValueError: for images of differing shapes, saying what to do.
     """
     if isinstance(batch, SampleBatch) and isinstance(batch.images, torch.Tensor):
-        return batch.images, batch.labels
+        pool = this_worker_pool()
+        handed = pool.hand_over(batch.images, batch.labels) if pool is not None else None
+        return handed or (batch.images, batch.labels)
     images = batch.images if isinstance(batch, SampleBatch) else [item[0] for item in batch]
     shapes = {tuple(i.shape) for i in images if isinstance(i, torch.Tensor)}
     if len(shapes) > 1:
@@ -79,15 +83,23 @@ def new_batch(
     order = (0, 2, 3, 1) if channels_last else tuple(range(len(shape)))
     storage_shape = [shape[i] for i in order]
     if current_worker() is not None:
-        numel = int(np.prod(storage_shape))
-        # the private allocator default_collate itself uses for worker batches
-        storage = torch.UntypedStorage._new_shared(numel * dtype.itemsize)
-        prefault(storage.data_ptr(), storage.nbytes())
-        flat = torch.empty(0, dtype=dtype).set_(storage, 0, (numel,))
-        batch = flat.view(storage_shape)
+        batch = _worker_batch(storage_shape, dtype)
     else:
         batch = torch.empty(storage_shape, dtype=dtype)
     return batch.permute(0, 3, 1, 2) if channels_last else batch
+
+
+def _worker_batch(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """An empty batch in shared memory: a slot of this worker's pool when one is free, else
+    a fresh segment from the private allocator ``default_collate`` itself uses."""
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    pool = worker_pool(nbytes)
+    flat = pool.take(nbytes) if pool is not None else None
+    if flat is None:
+        storage = torch.UntypedStorage._new_shared(nbytes)
+        prefault(storage.data_ptr(), storage.nbytes())
+        flat = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,))
+    return flat.view(dtype).view(shape)
 
 
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+

@@ -25,6 +25,7 @@ from readers.epochs.state import EpochState
 from readers.epochs.stream import WdsStream
 from readers.images.crop import Crop
 from readers.manifest import load_manifest
+from readers.shared_batches import release_ended_pools
 from readers.storage.location import Location
 
 __all__ = ["Loader", "make_loader"]
@@ -93,6 +94,7 @@ class Loader:
             if generation == self._generation:
                 self._batches += 1
             yield batch
+        release_ended_pools()  # this epoch's workers have ended, unless persistent
         if generation == self._generation:
             if self._batches != split.batches:
                 raise RuntimeError(
