@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+from readers.batch_pool import hand_over, take_batch
 from readers.epochs.placement import current_worker
-from readers.shared_batches import this_worker_pool, worker_pool
 
 __all__ = ["SampleBatch", "collate", "collate_any", "copy_image", "new_batch", "stack_images"]
 
@@ -37,15 +37,15 @@ class SampleBatch(Sequence):
 
 def collate(batch: Any) -> Any:
     """DataLoader ``collate_fn``: passes imgpack's pre-stacked batches through untouched (in
-    a worker, through its reused shared buffers: :mod:`readers.shared_batches`) and falls
+    a worker, through its reused shared buffers: :mod:`readers.batch_pool`) and falls
     back to ``default_collate`` for anything else.
 
     Raises:
         ValueError: for images of differing shapes, saying what to do.
     """
     if isinstance(batch, SampleBatch) and isinstance(batch.images, torch.Tensor):
-        pool = this_worker_pool()
-        handed = pool.hand_over(batch.images, batch.labels) if pool is not None else None
+        in_worker = current_worker() is not None
+        handed = hand_over(batch.images, batch.labels) if in_worker else None
         return handed or (batch.images, batch.labels)
     images = batch.images if isinstance(batch, SampleBatch) else [item[0] for item in batch]
     shapes = {tuple(i.shape) for i in images if isinstance(i, torch.Tensor)}
@@ -75,26 +75,24 @@ def new_batch(
     channels_last: bool = True,
 ) -> torch.Tensor:
     """An empty batch tensor, channels-last when 4-D image-like (as HWC storage decodes;
-    unless ``channels_last`` is False, or the image ``like`` is not), and in shared memory
-    inside a DataLoader worker so that handing it to the main process costs no copy (what
-    ``default_collate`` does too)."""
+    unless ``channels_last`` is False, or the image ``like`` is not): a reused buffer of
+    :mod:`readers.batch_pool` where one is free, and in shared memory inside a DataLoader
+    worker so that handing it to the main process costs no copy."""
     image_like = like is None or (like.dim() == 3 and like.stride(0) == 1)
     channels_last = len(shape) == 4 and channels_last and image_like
     order = (0, 2, 3, 1) if channels_last else tuple(range(len(shape)))
     storage_shape = [shape[i] for i in order]
-    if current_worker() is not None:
-        batch = _worker_batch(storage_shape, dtype)
-    else:
-        batch = torch.empty(storage_shape, dtype=dtype)
+    batch = _empty(storage_shape, dtype, shared=current_worker() is not None)
     return batch.permute(0, 3, 1, 2) if channels_last else batch
 
 
-def _worker_batch(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
-    """An empty batch in shared memory: a slot of this worker's pool when one is free, else
-    a fresh segment from the private allocator ``default_collate`` itself uses."""
+def _empty(shape: list[int], dtype: torch.dtype, shared: bool) -> torch.Tensor:
+    """An empty batch in a free slot of this process's batch pools, else allocated afresh:
+    ``shared`` (in a worker) by the private allocator ``default_collate`` itself uses."""
     nbytes = int(np.prod(shape)) * dtype.itemsize
-    pool = worker_pool(nbytes)
-    flat = pool.take(nbytes) if pool is not None else None
+    flat = take_batch(nbytes, shared) if nbytes else None
+    if flat is None and not shared:
+        return torch.empty(shape, dtype=dtype)
     if flat is None:
         storage = torch.UntypedStorage._new_shared(nbytes)
         prefault(storage.data_ptr(), storage.nbytes())

@@ -17,6 +17,7 @@ import numpy as np
 from torch.utils.data import DataLoader, Subset
 
 from readers.batch import collate, collate_any
+from readers.batch_pool import release_ended_pools
 from readers.dataset import ImageDataset, Transform, open_dataset
 from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler, selected_indices
@@ -25,7 +26,6 @@ from readers.epochs.state import EpochState
 from readers.epochs.stream import WdsStream
 from readers.images.crop import Crop
 from readers.manifest import load_manifest
-from readers.shared_batches import release_ended_pools
 from readers.storage.location import Location
 
 __all__ = ["Loader", "make_loader"]

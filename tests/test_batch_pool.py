@@ -1,10 +1,11 @@
-"""Worker batches through reused shared buffers (``readers.shared_batches``): real DataLoader
-workers, batches compared byte for byte with the same loader read in-process, and held
+"""Reused batch buffers (``readers.batch_pool``): real DataLoader workers and the training
+process, batches compared byte for byte with a loader whose buffers are all fresh, and held
 batches never overwritten however they are kept, copied or passed on."""
 
 from __future__ import annotations
 
 import gc
+import os
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,14 @@ import torch
 from torch.utils.data import DataLoader
 
 import readers
-from readers import shared_batches
+from readers import batch_pool
 from readers.batch import SampleBatch, collate
-from readers.shared_batches import SLOTS, WorkerBatchPool
+from readers.batch_pool import SLOTS, BatchPool
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 BATCH = 3
+CROP = 176  # 279 KB batches: over batch_pool.MIN_PRIVATE, so in-process batches use slots too
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def root(converted) -> Path:
 
 
 def loader(root: Path, workers: int, **options: Any) -> readers.Loader:
-    crop = readers.RandomResizedCrop(40, flip=True)
+    crop = readers.RandomResizedCrop(CROP, flip=True)
     return readers.make_loader(root, BATCH, num_workers=workers, seed=3, crop=crop, **options)
 
 
@@ -40,16 +42,31 @@ def pairs(batches: list[Any]) -> list[tuple[bytes, list[int]]]:
 
 @pytest.fixture(scope="module")
 def expected(root: Path) -> list[tuple[bytes, list[int]]]:
-    """Epoch 0 read in-process: what every worker-fed epoch 0 must equal."""
-    return pairs(list(loader(root, 0)))
+    """Epoch 0 read in-process, each batch copied before the next is built: what every
+    epoch 0 must equal however its batches are kept."""
+    return pairs([(images.clone(), labels) for images, labels in loader(root, 0)])
 
 
-def test_batches_kept_by_the_loop_are_never_overwritten(root: Path, expected) -> None:
-    """``list(loader)`` keeps every batch: far more than the slots, so the workers build
-    the rest the usual way, and no slot is reused while a batch in it is alive."""
-    batches = list(loader(root, 2))
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_kept_by_the_loop_are_never_overwritten(root: Path, expected, workers) -> None:
+    """``list(loader)`` keeps every batch: more than the slots, so the rest are allocated
+    the usual way, and no slot is reused while a batch in it is alive."""
+    batches = list(loader(root, workers))
     assert len(batches) > 2 * SLOTS
     assert pairs(batches) == expected
+
+
+def test_in_process_batches_reuse_private_slots(root: Path, expected) -> None:
+    seen, addresses = [], set()
+    for images, labels in loader(root, 0):
+        if len(images) == BATCH:  # not the smaller last batch, which is under MIN_PRIVATE
+            addresses.add(images.untyped_storage().data_ptr())
+        seen.append((images.contiguous().numpy().tobytes(), labels.tolist()))
+        del images, labels
+    assert seen == expected
+    assert len(addresses) <= 2  # the batch in use and the one being built
+    pools = batch_pool._pools[os.getpid()]
+    assert pools and not any(pool.shared for pool in pools)
 
 
 def test_a_loop_that_drops_its_batches_reuses_the_same_slots(root: Path, expected) -> None:
@@ -61,23 +78,23 @@ def test_a_loop_that_drops_its_batches_reuses_the_same_slots(root: Path, expecte
         del images, labels
     assert seen == expected
     assert len(addresses) <= 2 * SLOTS < len(seen)
-    assert shared_batches.release_ended_pools() == 2  # persistent workers: still mapped
+    assert batch_pool.release_ended_pools() == 2  # persistent workers: still mapped
 
 
 def test_the_pools_of_ended_workers_are_unmapped(root: Path) -> None:
     gc.collect()
-    shared_batches.release_ended_pools()
-    before = len(shared_batches._mapped)
+    batch_pool.release_ended_pools()
+    before = len(batch_pool._mapped)
     kept = next(iter(loader(root, 2)))  # the workers end with the abandoned iterator
-    assert len(shared_batches._mapped) == before + 1
+    assert len(batch_pool._mapped) == before + 1
     for _ in range(100):
         gc.collect()
-        if shared_batches.release_ended_pools() == before + 1:
+        if batch_pool.release_ended_pools() == before + 1:
             break
-    assert shared_batches.release_ended_pools() == before + 1  # still in use here
+    assert batch_pool.release_ended_pools() == before + 1  # still in use here
     del kept
     gc.collect()
-    assert shared_batches.release_ended_pools() == before
+    assert batch_pool.release_ended_pools() == before
 
 
 def unpacked(batch: SampleBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,7 +135,7 @@ def test_spawned_workers_receive_the_same_batches(root: Path, expected) -> None:
 
 def test_views_and_arrays_of_a_batch_keep_its_slot_taken() -> None:
     """In one process: the slot is free again only once every view of the images is gone."""
-    pool = WorkerBatchPool(4096 * 3)
+    pool = BatchPool(4096 * 3, shared=True)
     flat = pool.take(100)
     images = flat.view(10, 10)
     images[:] = 5
@@ -142,7 +159,7 @@ def test_views_and_arrays_of_a_batch_keep_its_slot_taken() -> None:
 
 
 def test_all_slots_taken_or_too_large_means_no_slot() -> None:
-    pool = WorkerBatchPool(1000)
+    pool = BatchPool(1000, shared=True)
     assert pool.take(pool.slot_bytes + 1) is None
     taken = [pool.take(1000) for _ in range(SLOTS)]
     assert all(t is not None for t in taken) and pool.take(1000) is None
@@ -155,7 +172,7 @@ def test_all_slots_taken_or_too_large_means_no_slot() -> None:
 
 
 def test_a_late_finaliser_does_not_free_a_slot_taken_again() -> None:
-    pool = WorkerBatchPool(1000)
+    pool = BatchPool(1000, shared=True)
     first = pool.take(1000)
     generation = pool._generations[0]
     del first
@@ -168,7 +185,7 @@ def test_a_late_finaliser_does_not_free_a_slot_taken_again() -> None:
 
 
 def test_batches_of_other_dtypes_keep_their_layout() -> None:
-    pool = WorkerBatchPool(4096)
+    pool = BatchPool(4096, shared=True)
     flat = pool.take(4 * 60).view(torch.float32)
     images = flat.view(3, 4, 5).permute(0, 2, 1)
     images.copy_(torch.arange(60, dtype=torch.float32).view(3, 5, 4))
@@ -177,7 +194,7 @@ def test_batches_of_other_dtypes_keep_their_layout() -> None:
     assert torch.equal(received, images)
 
 
-def test_in_process_batches_are_plain_tensors(root: Path) -> None:
+def test_in_process_batches_are_handed_over_as_they_are(root: Path) -> None:
     images, _ = next(iter(loader(root, 0)))
     batch = collate(SampleBatch(images, torch.zeros(BATCH)))
     assert type(batch) is tuple and batch[0] is images

@@ -1,25 +1,27 @@
-"""Worker batches handed to the training process through buffers that are reused, not made
-anew for every batch.
+"""Batch buffers that are reused, not allocated anew for every batch, in the training
+process and in each DataLoader worker.
 
-Left to torch, each batch a DataLoader worker builds lives in a fresh shared-memory segment:
-the worker creates it and faults in (zero-fills) every page, passes its file descriptor
-over a socket, and the training process maps it and faults every page in again before the
-segment is freed. For a 9.6 MB batch of 64 224x224 crops that is thousands of page faults
-on each side per batch, about as costly as decoding a tenth of the batch.
+A fresh 9.6 MB batch (64 crops of 224x224) costs thousands of page faults before the decode
+can write it: the allocator returns large blocks to the kernel when they are freed, and the
+kernel zero-fills each page again at its first write. In a DataLoader worker it is worse.
+Left to torch, each batch is a fresh shared-memory segment: the worker creates it and
+faults in every page, passes its file descriptor over a socket, and the training process
+maps it and faults every page in again before the segment is freed.
 
-Here each worker keeps :data:`SLOTS` batch buffers in one shared-memory file
-(:class:`WorkerBatchPool`). :func:`readers.collate` hands a batch built in one of them over
-as a :class:`HandedBatch`, which pickles to a few numbers (and the file's descriptor the
-first time) and unpickles in the training process as ``(images, labels)``: ``images`` a view
-of that process's own mapping of the same file, mapped once per worker. Each slot has a flag
-in the file. The worker sets it when it takes the slot, and the training process clears it
-when the last tensor using the slot is freed (a finalizer on the array under the tensor's
-storage, so views, ``.numpy()`` and the like keep it taken). The worker reuses only a clear
-slot, so a batch is never overwritten while anyone can still see it. When every slot is
-taken (a loop that keeps its batches), the batch is built the usual way instead.
+So each process keeps :data:`SLOTS` buffers per batch size (:class:`BatchPool`), and a
+batch tensor is a view of a free one. A finalizer on the array under the tensor's storage
+frees the slot when the last tensor using it is freed: views, slices and ``.numpy()`` keep
+it taken, so a batch is never overwritten while anyone can still see it. When every slot is
+taken (a loop that keeps its batches), the batch is allocated the usual way instead.
 
-The training process lets go of a worker's mapping when that worker has ended and no tensor
-uses it: checked when a slot is released, when a new worker's file arrives, and by
+In a worker the buffers lie in one shared-memory file, and :func:`readers.collate` hands a
+batch in them over as a :class:`HandedBatch`. It pickles to a few numbers (plus the file's
+descriptor the first time) and unpickles in the training process as ``(images, labels)``.
+The images there are a view of that process's own mapping of the same file, mapped once
+per worker. A flag per slot in the file says who holds it. The worker sets it when it takes
+the slot; the training process clears it when its last tensor over the slot is freed. The
+training process lets go of a worker's mapping when that worker has ended and no tensor
+uses it. That is checked when a slot is released, when a new worker's file arrives, and by
 :class:`readers.Loader` at the end of each epoch.
 """
 
@@ -37,16 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = [
-    "SLOTS",
-    "HandedBatch",
-    "WorkerBatchPool",
-    "release_ended_pools",
-    "this_worker_pool",
-    "worker_pool",
-]
+__all__ = ["SLOTS", "BatchPool", "HandedBatch", "hand_over", "release_ended_pools", "take_batch"]
 
-SLOTS = 4  # per worker: two batches in the queue (prefetch), one in use, one being built
+SLOTS = 4  # a worker's: two batches in the queue (prefetch), one in use, one being built
 _PAGE = mmap.PAGESIZE
 _FREE, _TAKEN = 0, 1
 _ENDED = _PAGE - 1  # header byte the worker sets as it exits
@@ -56,23 +51,30 @@ def _round_up(size: int) -> int:
     return -(-size // _PAGE) * _PAGE
 
 
-class WorkerBatchPool:
-    """:data:`SLOTS` buffers of ``slot_bytes`` each in one shared-memory file, kept by one
-    DataLoader worker process: the header page holds one flag per slot and the ended byte."""
+class BatchPool:
+    """:data:`SLOTS` buffers of ``slot_bytes`` each in one memory map, whose header page
+    holds a flag per slot (and, ``shared``, the byte its worker sets as it exits).
+    ``shared``: a shared-memory file that the training process maps too (a worker's pool);
+    else private memory, which a forked child gets a copy of."""
 
-    def __init__(self, slot_bytes: int) -> None:
+    def __init__(self, slot_bytes: int, shared: bool) -> None:
         self.token = secrets.token_hex(8)
         self.slot_bytes = _round_up(slot_bytes)
         self.size = _PAGE + SLOTS * self.slot_bytes
-        self.fd = os.memfd_create("imgpack-batches", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.size)
-        self.memory = mmap.mmap(self.fd, self.size)
+        self.shared = shared
+        if shared:
+            self.fd = os.memfd_create("imgpack-batches", os.MFD_CLOEXEC)
+            os.ftruncate(self.fd, self.size)
+            self.memory = mmap.mmap(self.fd, self.size)
+        else:
+            self.memory = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE)
         self.header = np.frombuffer(self.memory, np.uint8, count=_PAGE)
+        if shared:
+            util.Finalize(self, _mark_ended, args=(self.header,), exitpriority=100)
         self._generations = [0] * SLOTS
         self._handed: set[tuple[int, int]] = set()  # (slot, generation) now the consumer's
         self._addresses: dict[int, tuple[int, int]] = {}  # data address -> (slot, generation)
         self._fd_sent = False
-        util.Finalize(self, _mark_ended, args=(self.header,), exitpriority=100)
 
     def take(self, nbytes: int) -> torch.Tensor | None:
         """A 1-D uint8 tensor of ``nbytes`` over a free slot, or None when none is free or
@@ -134,13 +136,13 @@ class HandedBatch(tuple):
     that tuple; it pickles to where the images are and unpickles in the training process as
     ``(images, labels)`` over that process's own mapping of the pool's file."""
 
-    pool: WorkerBatchPool
+    pool: BatchPool
     slot: int
     generation: int
 
     def __new__(
         cls,
-        pool: WorkerBatchPool,
+        pool: BatchPool,
         slot: int,
         generation: int,
         images: torch.Tensor,
@@ -252,22 +254,38 @@ def _release_ended_locked() -> None:
             del _mapped[token]
 
 
-_worker_pools: dict[int, WorkerBatchPool | None] = {}  # by process id: forks start afresh
+MAX_POOLS = 4  # batch sizes a process keeps slots for (train and validation, last batches)
+MIN_PRIVATE = 256 << 10  # smaller batches come from malloc's free lists without faults
+_pools: dict[int, list[BatchPool]] = {}  # by process id: a forked child starts afresh
 
 
-def worker_pool(nbytes: int) -> WorkerBatchPool | None:
-    """This worker process's pool, made at its first batch (slots of that batch's size), or
-    None where shared-memory files cannot be made (off Linux)."""
-    pid = os.getpid()
-    if pid not in _worker_pools:
-        try:
-            made = WorkerBatchPool(nbytes) if hasattr(os, "memfd_create") else None
-        except OSError:
-            made = None
-        _worker_pools[pid] = made
-    return _worker_pools[pid]
+def take_batch(nbytes: int, shared: bool) -> torch.Tensor | None:
+    """A 1-D uint8 tensor of ``nbytes`` in a free slot of this process's pools (``shared``:
+    in a DataLoader worker), or None when none is free, nor a new pool allowed."""
+    if not shared and nbytes < MIN_PRIVATE:
+        return None
+    pools = _pools.setdefault(os.getpid(), [])
+    fitting = sorted((p for p in pools if p.slot_bytes >= nbytes), key=lambda p: p.slot_bytes)
+    for pool in fitting:
+        tensor = pool.take(nbytes)
+        if tensor is not None:
+            return tensor
+    if fitting or len(pools) >= MAX_POOLS or (shared and not hasattr(os, "memfd_create")):
+        return None
+    try:
+        pool = BatchPool(nbytes, shared)
+    except OSError:  # no memory for the map, too many open files
+        return None
+    pools.append(pool)
+    return pool.take(nbytes)
 
 
-def this_worker_pool() -> WorkerBatchPool | None:
-    """This process's pool if :func:`worker_pool` made one."""
-    return _worker_pools.get(os.getpid())
+def hand_over(images: torch.Tensor, labels: torch.Tensor) -> HandedBatch | None:
+    """``(images, labels)`` as a :class:`HandedBatch` when ``images`` lies in a slot of
+    one of this worker's shared pools, else None."""
+    for pool in _pools.get(os.getpid(), ()):
+        if pool.shared:
+            handed = pool.hand_over(images, labels)
+            if handed is not None:
+                return handed
+    return None
