@@ -75,24 +75,27 @@ class BatchPool:
         self._handed: set[tuple[int, int]] = set()  # (slot, generation) now the consumer's
         self._addresses: dict[int, tuple[int, int]] = {}  # data address -> (slot, generation)
         self._fd_sent = False
+        # re-entrant: a finaliser may free a slot in the middle of a take on its thread
+        self._lock = threading.RLock()
 
     def take(self, nbytes: int) -> torch.Tensor | None:
         """A 1-D uint8 tensor of ``nbytes`` over a free slot, or None when none is free or
         the batch is larger than a slot."""
         if nbytes > self.slot_bytes or nbytes <= 0:
             return None
-        for slot in range(SLOTS):
-            if self.header[slot] == _FREE:
-                break
-        else:
-            return None
-        self.header[slot] = _TAKEN
-        self._generations[slot] += 1
-        generation = self._generations[slot]
+        with self._lock:
+            free = [slot for slot in range(SLOTS) if self.header[slot] == _FREE]
+            if not free:
+                return None
+            slot = free[0]
+            self.header[slot] = _TAKEN
+            self._generations[slot] += 1
+            generation = self._generations[slot]
         array = np.frombuffer(self.memory, np.uint8, count=nbytes, offset=self.offset(slot))
         weakref.finalize(array, self._dropped, slot, generation)
         tensor = torch.from_numpy(array)
-        self._addresses[tensor.data_ptr()] = (slot, generation)
+        with self._lock:
+            self._addresses[tensor.data_ptr()] = (slot, generation)
         return tensor
 
     def hand_over(self, images: torch.Tensor, labels: torch.Tensor) -> HandedBatch | None:
@@ -108,10 +111,11 @@ class BatchPool:
     def handed(self, slot: int, generation: int) -> Any:
         """Record that the consumer now owns ``slot``; the descriptor of this file to send
         with it the first time (None after)."""
-        self._handed.add((slot, generation))
-        if self._fd_sent:
-            return None
-        self._fd_sent = True
+        with self._lock:
+            self._handed.add((slot, generation))
+            if self._fd_sent:
+                return None
+            self._fd_sent = True
         return reduction.DupFd(self.fd)
 
     def offset(self, slot: int) -> int:
@@ -120,11 +124,12 @@ class BatchPool:
     def _dropped(self, slot: int, generation: int) -> None:
         """The worker's last tensor over ``slot`` is gone: free the slot unless it was
         handed over (then the consumer frees it)."""
-        self._addresses = {a: s for a, s in self._addresses.items() if s != (slot, generation)}
-        if (slot, generation) in self._handed:
-            self._handed.discard((slot, generation))
-        elif self._generations[slot] == generation:
-            self.header[slot] = _FREE
+        with self._lock:
+            self._addresses = {a: s for a, s in self._addresses.items() if s != (slot, generation)}
+            if (slot, generation) in self._handed:
+                self._handed.discard((slot, generation))
+            elif self._generations[slot] == generation:
+                self.header[slot] = _FREE
 
 
 def _mark_ended(header: np.ndarray) -> None:
@@ -164,7 +169,11 @@ class HandedBatch(tuple):
         pool = self.pool
         fd = pool.handed(self.slot, self.generation)
         place = (pool.token, os.getpid(), fd, pool.size, pool.offset(self.slot))
-        labels_as = (labels.numpy().tobytes(), str(labels.dtype).removeprefix("torch."))
+        labels_as = (
+            labels.numpy().tobytes(),
+            str(labels.dtype).removeprefix("torch."),
+            tuple(labels.shape),
+        )
         return _received_batch, (place, self.slot, layout, labels_as)
 
 
@@ -178,6 +187,7 @@ class _MappedPool:
     live: int = 0  # slots whose tensors are alive here
 
     def ended(self) -> bool:
+        """Whether its worker has exited (it marks the file as it does) or is gone."""
         if self.header[_ENDED]:
             return True
         try:
@@ -190,14 +200,16 @@ class _MappedPool:
 
 
 _mapped: dict[str, _MappedPool] = {}
-_lock = threading.Lock()  # the main thread and a pin-memory thread both unpickle batches
+# the main thread and a pin-memory thread both unpickle batches; re-entrant, as a finaliser
+# may release a slot on a thread that holds it
+_lock = threading.RLock()
 
 
 def _received_batch(
     place: tuple[str, int, Any, int, int],
     slot: int,
     layout: tuple[str, tuple[int, ...], tuple[int, ...], int, int],
-    labels_as: tuple[bytes, str],
+    labels_as: tuple[bytes, str, tuple[int, ...]],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unpickle a :class:`HandedBatch`: ``(images, labels)``, the images a view of slot
     ``slot`` of this process's mapping of the worker's pool."""
@@ -219,8 +231,9 @@ def _received_batch(
     weakref.finalize(array, _released, token, pool, slot)
     dtype = getattr(torch, dtype_name)
     images = torch.from_numpy(array).view(dtype).as_strided(shape, stride, storage_offset)
-    labels, labels_dtype = labels_as
-    return images, torch.frombuffer(bytearray(labels), dtype=getattr(torch, labels_dtype))
+    data, labels_dtype, labels_shape = labels_as
+    labels = torch.frombuffer(bytearray(data), dtype=getattr(torch, labels_dtype))
+    return images, labels.view(labels_shape)
 
 
 def _map(fd: int, size: int, pid: int) -> _MappedPool:
