@@ -44,9 +44,7 @@ def collate(batch: Any) -> Any:
         ValueError: for images of differing shapes, saying what to do.
     """
     if isinstance(batch, SampleBatch) and isinstance(batch.images, torch.Tensor):
-        in_worker = current_worker() is not None
-        handed = hand_over(batch.images, batch.labels) if in_worker else None
-        return handed or (batch.images, batch.labels)
+        return hand_over(batch.images, batch.labels) or (batch.images, batch.labels)
     images = batch.images if isinstance(batch, SampleBatch) else [item[0] for item in batch]
     shapes = {tuple(i.shape) for i in images if isinstance(i, torch.Tensor)}
     if len(shapes) > 1:

@@ -295,7 +295,7 @@ def take_batch(nbytes: int, shared: bool) -> torch.Tensor | None:
 
 def hand_over(images: torch.Tensor, labels: torch.Tensor) -> HandedBatch | None:
     """``(images, labels)`` as a :class:`HandedBatch` when ``images`` lies in a slot of
-    one of this worker's shared pools, else None."""
+    one of this worker's shared pools, else None (always, outside a worker)."""
     for pool in _pools.get(os.getpid(), ()):
         if pool.shared:
             handed = pool.hand_over(images, labels)
