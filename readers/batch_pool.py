@@ -73,7 +73,6 @@ class BatchPool:
             util.Finalize(self, _mark_ended, args=(self.header,), exitpriority=100)
         self._generations = [0] * SLOTS
         self._handed: set[tuple[int, int]] = set()  # (slot, generation) now the consumer's
-        self._addresses: dict[int, tuple[int, int]] = {}  # data address -> (slot, generation)
         self._fd_sent = False
         # re-entrant: a finaliser may free a slot in the middle of a take on its thread
         self._lock = threading.RLock()
@@ -93,20 +92,17 @@ class BatchPool:
             generation = self._generations[slot]
         array = np.frombuffer(self.memory, np.uint8, count=nbytes, offset=self.offset(slot))
         weakref.finalize(array, self._dropped, slot, generation)
-        tensor = torch.from_numpy(array)
-        with self._lock:
-            self._addresses[tensor.data_ptr()] = (slot, generation)
-        return tensor
+        return torch.from_numpy(array)
 
     def hand_over(self, images: torch.Tensor, labels: torch.Tensor) -> HandedBatch | None:
         """``(images, labels)`` as a :class:`HandedBatch` when ``images`` lies in a slot
         taken here, else None."""
         storage = images.untyped_storage()
-        found = self._addresses.get(storage.data_ptr())
-        if found is None or storage.nbytes() > self.slot_bytes:
+        slot, rest = divmod(storage.data_ptr() - self.header.ctypes.data - _PAGE, self.slot_bytes)
+        if rest or not 0 <= slot < SLOTS or storage.nbytes() > self.slot_bytes:
             return None
-        slot, generation = found
-        return HandedBatch(self, slot, generation, images, labels)
+        # the slot's latest take: it cannot be taken again while this tensor lives
+        return HandedBatch(self, slot, self._generations[slot], images, labels)
 
     def handed(self, slot: int, generation: int) -> Any:
         """Record that the consumer now owns ``slot``; the descriptor of this file to send
@@ -125,7 +121,6 @@ class BatchPool:
         """The worker's last tensor over ``slot`` is gone: free the slot unless it was
         handed over (then the consumer frees it)."""
         with self._lock:
-            self._addresses = {a: s for a, s in self._addresses.items() if s != (slot, generation)}
             if (slot, generation) in self._handed:
                 self._handed.discard((slot, generation))
             elif self._generations[slot] == generation:
