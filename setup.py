@@ -26,7 +26,8 @@ else:
 
 CROP_KERNEL = Extension(
     "readers.images.jpegcrop",
-    sources=["readers/images/jpegcrop.c"],
+    sources=["readers/images/jpegcrop.c", "readers/images/huffman.c"],
+    depends=["readers/images/huffman.h"],
     # -ffp-contract=off: the resize weights must be the doubles torch computes (no FMA)
     extra_compile_args=["-O3", "-ffp-contract=off"],
     optional=True,

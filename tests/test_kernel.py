@@ -33,7 +33,7 @@ from readers.images.jpeg import jpeg_header
 from tests.photos import encode, photo_crop
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL_C = ROOT / "readers" / "images" / "jpegcrop.c"
+KERNEL_SOURCES = [ROOT / "readers" / "images" / name for name in ("jpegcrop.c", "huffman.c")]
 
 needs_kernel = pytest.mark.skipif(
     kernel.crop_kernel() is None,
@@ -163,6 +163,48 @@ def test_kernel_crop_equals_full_decode_box_resize_flip(encoding: str, simd: int
                 np.testing.assert_array_equal(got, reference(pixels, box, size), err_msg=str(box))
                 checked += 1
     assert checked >= 300
+
+
+# Beside ENCODINGS: Huffman tables of the image's own statistics instead of the standard ones.
+OWN_TABLES: dict[str, dict] = {
+    "optimized-420": {"subsampling": 2, "optimize": True},
+    "optimized-restart-mcu-444": {"subsampling": 0, "optimize": True, "restart_marker_blocks": 1},
+    "optimized-restart-row-gray": {"gray": True, "optimize": True, "restart_marker_rows": 1},
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("encoding", [*ENCODINGS, *OWN_TABLES])
+def test_verified_bytes_decode_to_libjpegs_pixels_through_the_own_huffman_decoder(
+    encoding: str,
+) -> None:
+    """Verified bytes decode their Huffman codes through ``huffman.c`` instead of libjpeg's
+    decoder: the same pixels, for every encoding (restart markers every MCU, every row or
+    none; custom tables), boxes at every edge and random ones, DCT-scaled boxes, both
+    layouts. (Progressive files stay with libjpeg: equal trivially.)"""
+    params = {**ENCODINGS, **OWN_TABLES}[encoding]
+    module = kernel.crop_kernel()
+    checked = 0
+    for k, (height, width) in enumerate(SIZES):
+        data = jpeg(height, width, seed=k, **params)
+        for size in OUTPUTS:
+            random_boxes = readers.RandomResizedCrop(size, scale=(0.05, 1.0), flip=True, seed=k)
+            boxes = np.concatenate(
+                [
+                    edge_boxes(height, width, size),
+                    random_boxes.boxes(np.array([(height, width)] * 8), np.arange(8)),
+                ]
+            )
+            for planar in (False, True):
+                own = kernel_crop(data, boxes, size, planar=planar, verified=True)
+                module.set_huffman(False)
+                try:
+                    theirs = kernel_crop(data, boxes, size, planar=planar, verified=True)
+                finally:
+                    module.set_huffman(True)
+                np.testing.assert_array_equal(own, theirs, err_msg=f"{(height, width)} {size}")
+                checked += len(boxes)
+    assert checked >= 600
 
 
 @needs_kernel
@@ -337,6 +379,10 @@ with_kernel = [outcome(data, k) for k, (_, data) in enumerate(cases)]
 # Told the bytes passed their CRC-32, the kernel stops after the box: damage below it goes
 # unseen (the CRC-32 is what guards stored bytes), anything else is judged as before.
 stopping = [outcome(data, k, verified=True) for k, (_, data) in enumerate(cases)]
+# The same with libjpeg's Huffman decoder in place of the kernel's own (huffman.c).
+kernel.crop_kernel().set_huffman(False)
+stopping_libjpeg = [outcome(data, k, verified=True) for k, (_, data) in enumerate(cases)]
+kernel.crop_kernel().set_huffman(True)
 headers = kernel.jpeg_headers(kernel.crop_kernel(), [data for _, data in cases])
 taken = kernel.kernel_decodes(headers, None)
 header_mismatches = []
@@ -356,6 +402,11 @@ mismatches = [
 stopping_mismatches = [
     k for k, (a, b) in enumerate(zip(stopping, without)) if a != b and b[0] != "error"
 ]
+# The own decoder refuses more (it takes only well-formed data) and then leaves the file to
+# the Python path; it never gives an outcome that is neither libjpeg's nor the Python path's.
+huffman_mismatches = [
+    k for k, (a, b, c) in enumerate(zip(stopping, stopping_libjpeg, without)) if a != b and a != c
+]
 print(json.dumps({
     "cases": len(cases),
     "taken_by_kernel": int(taken.sum()),
@@ -365,6 +416,8 @@ print(json.dumps({
     "mismatches": mismatches[:20],
     "stopping_mismatches": stopping_mismatches[:20],
     "stopping_decoded_damage": sum(a[0] != b[0] for a, b in zip(stopping, without)),
+    "huffman_mismatches": huffman_mismatches[:20],
+    "huffman_refused": sum(a != b for a, b in zip(stopping, stopping_libjpeg)),
 }))
 """
 
@@ -395,6 +448,7 @@ def test_fuzzed_jpegs_never_crash_and_match_the_python_path() -> None:
     # for damage after the box (seen: the kernel then read less than the whole file)
     assert report["stopping_mismatches"] == []
     assert report["stopping_decoded_damage"] > 0, report
+    assert report["huffman_mismatches"] == [], report
     # the kernel judged many damaged files itself (not all left to the fallback), and both
     # outcomes occur
     assert report["taken_by_kernel"] >= 500, report
@@ -573,14 +627,15 @@ def test_kernel_c_compiles_without_warnings(tmp_path: Path) -> None:
     gcc = shutil.which("gcc")
     include = ["-I", sysconfig.get_paths()["include"]]
     obj = str(tmp_path / "kernel.o")
-    for level in ("-O0", "-O3"):  # -Wclobbered (setjmp) only shows when optimising
-        result = subprocess.run(
-            [gcc, "-Wall", "-Wextra", "-Werror", level, *include, "-c", str(KERNEL_C), "-o", obj],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
+    for source in KERNEL_SOURCES:
+        for level in ("-O0", "-O3"):  # -Wclobbered (setjmp) only shows when optimising
+            result = subprocess.run(
+                [gcc, "-Wall", "-Wextra", "-Werror", level, *include, "-c", str(source), "-o", obj],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert result.returncode == 0, f"{source.name}: {result.stderr}"
 
 
 @pytest.mark.parametrize("fmt", sorted(readers.DATASETS))

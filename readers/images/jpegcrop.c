@@ -45,6 +45,8 @@
 
 #include <jpeglib.h>
 
+#include "huffman.h"
+
 enum { HEADER_FIELDS = 8 };
 /* Columns of headers(): whether the markers parse, then what they say. */
 enum { H_PARSED, H_WIDTH, H_HEIGHT, H_ORIENTATION, H_FRAME, H_PRECISION, H_COMPONENTS, H_COMPLETE };
@@ -582,6 +584,9 @@ static void on_progress(j_common_ptr cinfo) {
 }
 
 /* Buffers one thread reuses across its samples (grown, never shrunk). */
+/* Whether verified bytes decode through huffman.c instead of libjpeg's Huffman decoder. */
+static int use_huffman = 1;
+
 typedef struct {
     uint8_t *pixels; /* the decoded rows of the box's columns */
     size_t pixels_n;
@@ -595,6 +600,7 @@ typedef struct {
     size_t part_n;
     size_t *ends; /* where each restart interval's data ends */
     size_t ends_n;
+    Huffman *huffman; /* verified bytes' entropy decoder, made on first use */
 } Scratch;
 
 static int grow(void **buffer, size_t *have, size_t need) {
@@ -841,6 +847,10 @@ static int crop_bytes(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, 
     cinfo->scale_num = 1;
     cinfo->scale_denom = (unsigned)d;
     jpeg_start_decompress(cinfo);
+    if (verified && use_huffman) { /* no calloc: libjpeg's decoder does it */
+        if (s->huffman == NULL) s->huffman = calloc(1, sizeof *s->huffman);
+        if (s->huffman != NULL) huffman_install(cinfo, s->huffman);
+    }
     int64_t H = cinfo->output_height, W = cinfo->output_width;
     int64_t top = box.top, left = box.left, bh = box.height, bw = box.width;
     Span down = {(int)bh, 0.0, (double)bh}, across = {(int)bw, 0.0, (double)bw};
@@ -1038,6 +1048,7 @@ static PyObject *crop(PyObject *self, PyObject *args) {
         free(scratch.rows);
         free(scratch.part);
         free(scratch.ends);
+        free(scratch.huffman);
         Py_END_ALLOW_THREADS;
     }
     if (views != NULL) release_all(views, m);
@@ -1127,7 +1138,21 @@ static PyObject *set_simd(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(before);
 }
 
+/* For the tests and benchmarks: libjpeg's own Huffman decoder for verified bytes too. */
+static PyObject *set_huffman(PyObject *self, PyObject *arg) {
+    (void)self;
+    int want = PyObject_IsTrue(arg);
+    if (want < 0) return NULL;
+    int before = use_huffman;
+    use_huffman = want;
+    return PyBool_FromLong(before);
+}
+
 static PyMethodDef methods[] = {
+    {"set_huffman", set_huffman, METH_O,
+     "set_huffman(on) -> bool: whether verified bytes decode their Huffman codes through "
+     "the kernel's own decoder (huffman.c, the default) or libjpeg's; returns the previous "
+     "setting. Both give the same pixels (the tests check)."},
     {"set_simd", set_simd, METH_O,
      "set_simd(level) -> int: the resize's instructions from now on, 0 plain C, 1 AVX2 "
      "(at most what the CPU has); returns the previous level. Both give the same pixels "

@@ -1,0 +1,60 @@
+/* A baseline Huffman decoder that takes libjpeg's place for verified bytes (huffman.c). */
+#ifndef IMGPACK_HUFFMAN_H
+#define IMGPACK_HUFFMAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jpeglib.h>
+
+/* The first members of jpegint.h's entropy-decoder interface, which libjpeg does not
+ * install: the same two from libjpeg 6b to libjpeg-turbo 3 (which adds members after them).
+ * Only `decode_mcu` of libjpeg's own is replaced. */
+struct jpeg_entropy_decoder {
+    void (*start_pass)(j_decompress_ptr cinfo);
+    boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
+};
+
+enum { FAST_BITS = 9 };
+
+/* One Huffman table, derived for decoding. */
+typedef struct {
+    /* The codes of at most FAST_BITS bits, indexed by the next FAST_BITS bits:
+     * (length << 8) | value; 0 where the code is longer. */
+    uint16_t fast[1 << FAST_BITS];
+    /* AC only, where a code and its coefficient's bits fit in FAST_BITS:
+     * (coefficient << 8) | (run << 4) | bits used; 0 elsewhere. */
+    int32_t ac_fast[1 << FAST_BITS];
+    int32_t maxcode[17]; /* the largest code of each length, -1 where none */
+    int32_t offset[17];  /* a code's value is values[code + offset[length]] */
+    uint8_t values[256];
+    /* What the table was derived from, to derive it again only when it changes. */
+    uint8_t bits[17];
+    uint8_t huffval[256];
+    int built;
+} HuffTable;
+
+typedef struct { /* cinfo->client_data points here while it decodes */
+    j_decompress_ptr cinfo;
+    const uint8_t *next, *end; /* the entropy-coded bytes not yet in `bits` */
+    uint64_t bits;             /* the next `count` bits, most significant first */
+    int count;
+    int zeros;  /* zero bits appended at a marker or the end: reading them is an error */
+    int marker; /* the bytes stopped at a marker */
+    unsigned interval, to_go, restarts; /* MCUs per restart interval, left, markers passed */
+    int blocks;
+    int component[D_MAX_BLOCKS_IN_MCU];
+    const HuffTable *dc[D_MAX_BLOCKS_IN_MCU], *ac[D_MAX_BLOCKS_IN_MCU];
+    int32_t last_dc[MAX_COMPS_IN_SCAN];
+    JCOEF discard[DCTSIZE2]; /* where a skipped MCU's coefficients go */
+    HuffTable tables[2][NUM_HUFF_TBLS]; /* DC, AC */
+} Huffman;
+
+/* After jpeg_start_decompress (and before the first row is read), make `h` decode the
+ * scan's Huffman codes in libjpeg's place. 1: it does; 0: the scan is not one it decodes
+ * (progressive, arithmetic-coded, not 8-bit, not one interleaved scan), libjpeg keeps it.
+ * Damaged data fails through cinfo->err->error_exit, as libjpeg's own errors do. */
+int huffman_install(j_decompress_ptr cinfo, Huffman *h);
+
+#endif
