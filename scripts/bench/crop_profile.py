@@ -25,6 +25,10 @@ its own, and ``fused.crop_parts`` with the kernel off.
 
     .venv/bin/python -m scripts.bench.crop_profile [--dataset bench-data/work/read/pt-jpeg]
         [--unmarked bench-data/work/read/lmdb-jpeg-unmarked] [--repeats 5] [--json F]
+        [--libjpeg-huffman]
+
+``--libjpeg-huffman``: verified bytes decode their Huffman codes through libjpeg's decoder,
+as before the kernel had its own (``readers/images/huffman.c``).
 """
 
 from __future__ import annotations
@@ -212,9 +216,15 @@ def main() -> None:
     p.add_argument("--unmarked", type=Path, default=WORK / "read" / "lmdb-jpeg-unmarked")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", type=Path)
+    p.add_argument(
+        "--libjpeg-huffman",
+        action="store_true",
+        help="verified bytes decode through libjpeg's Huffman decoder, not the kernel's own",
+    )
     args = p.parse_args()
     if kernel.crop_kernel() is None or turbo_decoder() is None:
         raise SystemExit("the profile needs the compiled kernel and libjpeg-turbo")
+    kernel.crop_kernel().set_huffman(not args.libjpeg_huffman)
     torch.set_num_threads(1)  # one thread, as on a decode thread (the resize's too)
     info = machine_info()
     print_machine(info)
