@@ -222,21 +222,13 @@ def _kernel_resized(
     kernel = jk.crop_kernel() if decoder_name() == "turbojpeg" else None
     if kernel is None:
         return None
-    headers = jk.jpeg_headers(kernel, [data])
-    if not jk.kernel_decodes(headers, pixel_limit(max_pixels))[0]:
-        return None
-    height, width = int(headers[0, jk.HEIGHT]), int(headers[0, jk.WIDTH])
-    out = np.empty((1, *shorter_size(height, width, size), 3), dtype=np.uint8)
-    failed = jk.crop_rows(
+    return jk.decode_whole(
         kernel,
-        [data],
-        np.zeros(1, dtype=np.int64),
-        np.array([[0, 0, height, width, 0]], dtype=np.int64),  # the whole image, unmirrored
-        np.array([[height, width]], dtype=np.int64),
-        out,
-        dct_scale(width, height, min_side)[1],
+        data,
+        pixel_limit(max_pixels),
+        lambda height, width: shorter_size(height, width, size),
+        lambda height, width: dct_scale(width, height, min_side)[1],
     )
-    return None if len(failed) else out[0]
 
 
 def _resized(image: StoredImage, size: int | None) -> np.ndarray:

@@ -294,7 +294,7 @@ class ImageDataset(ImageFolderAttributes, Dataset):
             pixels = value
         else:
             try:
-                pixels = decode_image(value)
+                pixels = decode_image(value, verified=self.shard(shard).verified)
             except ValueError as e:  # name the sample only when it fails: this path is hot
                 raise DatasetError(f"{self._where(shard, local)}: {e}") from e
         return torch.from_numpy(pixels).permute(2, 0, 1)

@@ -208,6 +208,21 @@ def test_verified_bytes_decode_to_libjpegs_pixels_through_the_own_huffman_decode
 
 
 @needs_kernel
+@pytest.mark.parametrize("encoding", [*ENCODINGS, *OWN_TABLES])
+def test_verified_full_decodes_take_the_kernel_to_the_same_pixels(encoding: str) -> None:
+    """``decode_image(..., verified=True)`` (a ``transform=`` read of bytes whose CRC-32
+    matched) decodes through the kernel, the own Huffman decoder included: TurboJPEG's
+    pixels."""
+    params = {**ENCODINGS, **OWN_TABLES}[encoding]
+    for k, (height, width) in enumerate(SIZES):
+        data = jpeg(height, width, seed=k, **params)
+        whole = kernel.decode_whole(kernel.crop_kernel(), data, None, verified=True)
+        assert whole is not None and whole.shape == (height, width, 3)
+        np.testing.assert_array_equal(whole, decode_image(data))
+        np.testing.assert_array_equal(decode_image(data, verified=True), whole)
+
+
+@needs_kernel
 def test_dct_scaled_crops_stay_close_to_the_full_decode() -> None:
     """Boxes at least twice the output decode with libjpeg's scaled IDCT (the rule of
     :func:`readers.images.fused.dct_factor`): measured over these 59 boxes mean 0.45 levels,

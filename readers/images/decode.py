@@ -49,7 +49,7 @@ from readers.images.jpeg import (
     jpeg_header,
     xmp_orientation,
 )
-from readers.images.kernel import crop_kernel
+from readers.images.kernel import crop_kernel, decode_whole
 
 __all__ = [
     "ImageTooLargeError",
@@ -140,11 +140,18 @@ def decode_image(
     min_side: float | None = None,
     *,
     max_pixels: int | None = None,
+    verified: bool = False,
 ) -> np.ndarray:
     """Decode encoded image bytes to an upright uint8 ``[H, W, 3]`` RGB array.
 
     ``max_pixels`` refuses larger images from their header (None: Pillow's limit,
     ``PIL.Image.MAX_IMAGE_PIXELS``, read per call; 0: no limit).
+
+    ``verified``: the bytes passed the CRC-32 recorded when they were known to decode
+    cleanly (:attr:`readers.formats.reader.ShardReader.verified`). A full-size JPEG the
+    crop kernel takes then decodes there, its Huffman codes through the kernel's own
+    decoder, which keeps a fast path across restart markers where libjpeg-turbo's does not:
+    the same pixels.
 
     With ``min_side``, a JPEG whose shorter side is at least twice that is decoded
     downscaled in the DCT domain (by 2, 4 or 8, keeping the shorter side >= ``min_side``,
@@ -159,6 +166,11 @@ def decode_image(
         ValueError: starting with ``name`` when the bytes are not a decodable image;
             :class:`ImageTooLargeError` when it is over the limit.
     """
+    kernel = crop_kernel() if verified and min_side is None else None
+    if kernel is not None and _turbojpeg() is not None and is_jpeg(data):
+        pixels = decode_whole(kernel, data, pixel_limit(max_pixels), verified=True)
+        if pixels is not None:
+            return pixels
     return decode_stored(data, name, min_side, max_pixels=max_pixels).upright()
 
 

@@ -22,7 +22,7 @@ path, which judges it as before. Without the compiled module, or with ``IMGPACK_
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -36,6 +36,7 @@ __all__ = [
     "crop_kernel",
     "crop_rows",
     "crop_shared",
+    "decode_whole",
     "jpeg_headers",
     "kernel_decodes",
 ]
@@ -148,3 +149,36 @@ def crop_shared(
         planar,
         next_row,
     )
+
+
+def decode_whole(
+    module: ModuleType,
+    data: Any,
+    max_pixels: int | None,
+    size: Callable[[int, int], tuple[int, int]] | None = None,
+    dct_denominator: Callable[[int, int], int] | None = None,
+    verified: bool = False,
+) -> np.ndarray | None:
+    """The whole of the JPEG ``data`` decoded in one kernel call, as uint8 ``[H, W, 3]``,
+    resized to ``size(height, width)`` (None: its own size) from a decode DCT-scaled by
+    ``dct_denominator(height, width)`` (None: 1); or None where the caller's decoder must
+    take it (:func:`kernel_decodes` refuses it, over ``max_pixels``, or a libjpeg error or
+    warning). ``verified`` as for :func:`crop_rows`: here, Huffman codes through the
+    kernel's own decoder (a full decode reads every row anyway)."""
+    headers = jpeg_headers(module, [data])
+    if not kernel_decodes(headers, max_pixels)[0]:
+        return None
+    height, width = int(headers[0, HEIGHT]), int(headers[0, WIDTH])
+    out_h, out_w = size(height, width) if size else (height, width)
+    out = np.empty((1, out_h, out_w, 3), dtype=np.uint8)
+    failed = crop_rows(
+        module,
+        [data],
+        np.zeros(1, dtype=np.int64),
+        np.array([[0, 0, height, width, 0]], dtype=np.int64),  # the whole image, unmirrored
+        np.array([[height, width]], dtype=np.int64),
+        out,
+        dct_denominator(height, width) if dct_denominator else 1,
+        verified,
+    )
+    return None if len(failed) else out[0]
