@@ -31,7 +31,8 @@
  * after the box (without IDCT), so the kernel refuses exactly the files a full decode warns
  * about; verified, the decode stops after the box's last row, and where restart markers cut
  * every MCU row into intervals (what encode() writes), it decodes only the intervals around
- * the box (restart_part), not every row above it.
+ * the box (restart_part), not every row above it, and its Huffman codes go through the
+ * kernel's own decoder (huffman.c), which keeps a fast path across restart markers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -583,10 +584,10 @@ static void on_progress(j_common_ptr cinfo) {
         longjmp(((Errors *)cinfo->err)->jump, 1);
 }
 
-/* Buffers one thread reuses across its samples (grown, never shrunk). */
 /* Whether verified bytes decode through huffman.c instead of libjpeg's Huffman decoder. */
 static int use_huffman = 1;
 
+/* Buffers one thread reuses across its samples (grown, never shrunk). */
 typedef struct {
     uint8_t *pixels; /* the decoded rows of the box's columns */
     size_t pixels_n;
@@ -847,7 +848,7 @@ static int crop_bytes(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, 
     cinfo->scale_num = 1;
     cinfo->scale_denom = (unsigned)d;
     jpeg_start_decompress(cinfo);
-    if (verified && use_huffman) { /* no calloc: libjpeg's decoder does it */
+    if (verified && use_huffman) { /* out of memory, or a scan it does not take: libjpeg's */
         if (s->huffman == NULL) s->huffman = calloc(1, sizeof *s->huffman);
         if (s->huffman != NULL) huffman_install(cinfo, s->huffman);
     }

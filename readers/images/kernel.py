@@ -11,7 +11,10 @@ it, mirrored if asked, straight into its batch row. Verified bytes (see :func:`c
 whose restart markers cut every MCU row into intervals, as the converter writes them
 (:func:`readers.images.decode.encode_jpeg`), decode only the intervals around the box: the
 entropy decode, most of a small JPEG's cost, then skips the rows above the box and the
-columns beside it.
+columns beside it, and their Huffman codes go through the kernel's own decoder
+(``huffman.c``, a fast path across the markers where libjpeg-turbo's has none).
+:func:`decode_whole` decodes a whole JPEG the same way (the converter's decode and
+resize; verified full decodes).
 
 A sample the kernel does not take (:func:`kernel_decodes`: EXIF-rotated, CMYK, lossless,
 12-bit, incomplete...) or fails on (any libjpeg error or warning) is left to the Python
