@@ -8,9 +8,8 @@
  * for AC codes, one that also holds the coefficient (stb_image's idea).
  *
  * It takes libjpeg's place through the entropy decoder's hook (cinfo->entropy->decode_mcu,
- * its state in cinfo->client_data), so libjpeg
- * still does everything else: markers, IDCT, upsampling, colour, cropped columns, skipped
- * rows. It writes the coefficients libjpeg's decoder writes (the tests compare the pixels
+ * its state in cinfo->client_data), so libjpeg still does everything else: markers, IDCT,
+ * upsampling, colour, cropped columns, skipped rows. It writes the coefficients libjpeg's decoder writes (the tests compare the pixels
  * of both), and it decodes only well-formed data: a code that is not in the table, a
  * coefficient past the 64th, a missing or misnumbered restart marker, bytes left before
  * one, or reading past the data fails through error_exit, where libjpeg would warn and go
@@ -53,7 +52,6 @@ static int derive(HuffTable *t, const JHUFF_TBL *from, int dc) {
     t->built = 0;
     memcpy(t->bits, from->bits, sizeof t->bits);
     memcpy(t->huffval, from->huffval, (size_t)total);
-    memcpy(t->values, from->huffval, (size_t)total);
     memset(t->fast, 0, sizeof t->fast);
     memset(t->ac_fast, 0, sizeof t->ac_fast);
     int32_t code = 0;
@@ -64,10 +62,10 @@ static int derive(HuffTable *t, const JHUFF_TBL *from, int dc) {
         t->maxcode[len] = n ? code + n - 1 : -1;
         if (code + n > 1 << len) return 0; /* more codes than the length has */
         for (int i = 0; i < n; i++, k++, code++) {
-            if (dc && t->values[k] > 15) return 0;
+            if (dc && t->huffval[k] > 15) return 0;
             if (len > FAST_BITS) continue;
             int shift = FAST_BITS - len, first = code << shift;
-            for (int j = 0; j < 1 << shift; j++) t->fast[first + j] = (uint16_t)(len << 8 | t->values[k]);
+            for (int j = 0; j < 1 << shift; j++) t->fast[first + j] = (uint16_t)(len << 8 | t->huffval[k]);
         }
         code <<= 1;
     }
@@ -143,7 +141,7 @@ static inline __attribute__((always_inline)) int decode(const HuffTable *t, uint
             if (at < 0 || at > 255) return -1;
             *bits <<= len;
             *count -= len;
-            return t->values[at];
+            return t->huffval[at];
         }
     }
     return -1;

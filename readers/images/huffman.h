@@ -27,9 +27,9 @@ typedef struct {
      * (coefficient << 8) | (run << 4) | bits used; 0 elsewhere. */
     int32_t ac_fast[1 << FAST_BITS];
     int32_t maxcode[17]; /* the largest code of each length, -1 where none */
-    int32_t offset[17];  /* a code's value is values[code + offset[length]] */
-    uint8_t values[256];
-    /* What the table was derived from, to derive it again only when it changes. */
+    int32_t offset[17];  /* a code's value is huffval[code + offset[length]] */
+    /* libjpeg's table (code counts by length, values), kept to derive again only when it
+     * changes. */
     uint8_t bits[17];
     uint8_t huffval[256];
     int built;
