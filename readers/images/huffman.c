@@ -4,8 +4,8 @@
  * markers (jdhuff.c, decode_mcu); the kernel's stored JPEGs have a marker every few MCUs so
  * that a crop decodes only the intervals around its box, and so paid the slow path for
  * every code. This decoder keeps a fast path across markers: 64 bits of input at a time,
- * eight bytes at once where none is 0xFF, a FAST_BITS lookahead table for the codes and,
- * for AC codes, one that also holds the coefficient (stb_image's idea).
+ * eight bytes at once where none is 0xFF, and a LUT_BITS lookahead table that gives the code
+ * and, where its extra bits fit too, the coefficient (stb_image's idea) in one lookup.
  *
  * It takes libjpeg's place through the entropy decoder's hook (cinfo->entropy->decode_mcu,
  * its state in cinfo->client_data), so libjpeg still does everything else: markers, IDCT,
@@ -40,6 +40,15 @@ static inline int32_t extend(uint32_t v, int s) {
     return v < (1u << (s - 1)) ? (int32_t)v - (int32_t)(1u << s) + 1 : (int32_t)v;
 }
 
+/* The lookup entry of a code of `len` bits and value `rs`, the next LUT_BITS bits being
+ * `look`: WHOLE where the size's extra bits fit in the lookahead too. */
+static int32_t lut_entry(int look, int len, int rs, int dc) {
+    int s = dc ? rs : rs & 15;
+    if (s == 0 || len + s > LUT_BITS) return (int32_t)(rs << 8 | len); /* EOB, ZRL, or long */
+    uint32_t v = ((uint32_t)look >> (LUT_BITS - len - s)) & ((1u << s) - 1);
+    return (int32_t)((uint32_t)extend(v, s) << 16) | rs << 8 | LUT_WHOLE | (len + s);
+}
+
 /* Derive `t` from libjpeg's table (the checks of jpeg_make_d_derived_tbl). 0: not a table
  * this decoder takes. */
 static int derive(HuffTable *t, const JHUFF_TBL *from, int dc) {
@@ -52,8 +61,7 @@ static int derive(HuffTable *t, const JHUFF_TBL *from, int dc) {
     t->built = 0;
     memcpy(t->bits, from->bits, sizeof t->bits);
     memcpy(t->huffval, from->huffval, (size_t)total);
-    memset(t->fast, 0, sizeof t->fast);
-    memset(t->ac_fast, 0, sizeof t->ac_fast);
+    memset(t->lut, 0, sizeof t->lut);
     int32_t code = 0;
     int k = 0;
     for (int len = 1; len <= 16; len++) {
@@ -63,17 +71,12 @@ static int derive(HuffTable *t, const JHUFF_TBL *from, int dc) {
         if (code + n > 1 << len) return 0; /* more codes than the length has */
         for (int i = 0; i < n; i++, k++, code++) {
             if (dc && t->huffval[k] > 15) return 0;
-            if (len > FAST_BITS) continue;
-            int shift = FAST_BITS - len, first = code << shift;
-            for (int j = 0; j < 1 << shift; j++) t->fast[first + j] = (uint16_t)(len << 8 | t->huffval[k]);
+            if (len > LUT_BITS) continue;
+            int shift = LUT_BITS - len, first = code << shift;
+            for (int j = 0; j < 1 << shift; j++)
+                t->lut[first + j] = lut_entry(first + j, len, t->huffval[k], dc);
         }
         code <<= 1;
-    }
-    for (int look = 0; look < 1 << FAST_BITS && !dc; look++) {
-        int entry = t->fast[look], len = entry >> 8, run = (entry >> 4) & 15, s = entry & 15;
-        if (entry == 0 || s == 0 || len + s > FAST_BITS) continue;
-        uint32_t v = ((uint32_t)look >> (FAST_BITS - len - s)) & ((1u << s) - 1);
-        t->ac_fast[look] = extend(v, s) * 256 + (run << 4) + len + s;
     }
     t->built = 1;
     return 1;
@@ -125,16 +128,10 @@ static inline __attribute__((always_inline)) void refill(Huffman *h, uint64_t *b
 /* The next `s` (1-16) bits as a number. */
 #define TAKE(s) (value = (uint32_t)(bits >> (64 - (s))), DROP(s), value)
 
-/* The next code's value, or -1 if no code of 16 bits or fewer matches; at least 16 bits
- * must be in `bits`. */
-static inline __attribute__((always_inline)) int decode(const HuffTable *t, uint64_t *bits, int *count) {
-    int entry = t->fast[*bits >> (64 - FAST_BITS)];
-    if (entry) {
-        *bits <<= entry >> 8;
-        *count -= entry >> 8;
-        return entry & 0xFF;
-    }
-    for (int len = FAST_BITS + 1; len <= 16; len++) {
+/* The value of the next code, longer than LUT_BITS, or -1 if no code of 16 bits or fewer
+ * matches; at least 16 bits must be in `bits`. */
+static int decode_long(const HuffTable *t, uint64_t *bits, int *count) {
+    for (int len = LUT_BITS + 1; len <= 16; len++) {
         int32_t code = (int32_t)(*bits >> (64 - len));
         if (code <= t->maxcode[len]) {
             int32_t at = code + t->offset[len];
@@ -145,6 +142,16 @@ static inline __attribute__((always_inline)) int decode(const HuffTable *t, uint
         }
     }
     return -1;
+}
+
+/* The value of the next code whose entry `e` did not hold the whole answer (its extra
+ * bits are still to take), or -1 for no code. */
+static inline __attribute__((always_inline)) int code_value(int32_t e, const HuffTable *t,
+                                                            uint64_t *bits, int *count) {
+    if (e == 0) return decode_long(t, bits, count);
+    *bits <<= e & 31;
+    *count -= e & 31;
+    return (e >> 8) & 0xFF;
 }
 
 /* The restart marker that must come next (`left` bits unread before it), passed; the DC
@@ -177,27 +184,35 @@ static boolean decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
     for (int b = 0; b < h->blocks; b++) {
         JCOEF *block = MCU_data ? MCU_data[b][0] : h->discard;
         const HuffTable *ac = h->ac[b];
+        /* After a refill at least 57 bits are in `bits`; a code and its extra bits take
+         * at most 16 + 15, so one refill below 32 bits serves each coefficient. */
         if (count < 32) refill(h, &bits, &count);
-        int s = decode(h->dc[b], &bits, &count);
-        if (s < 0) fail(h);
-        int32_t dc = h->last_dc[h->component[b]] + (s ? extend(TAKE(s), s) : 0);
+        int32_t e = h->dc[b]->lut[bits >> (64 - LUT_BITS)], diff = 0;
+        if (e & LUT_WHOLE) {
+            diff = e >> 16;
+            DROP(e & 31);
+        } else {
+            int s = code_value(e, h->dc[b], &bits, &count);
+            if (s < 0) fail(h);
+            if (s) diff = extend(TAKE(s), s);
+        }
+        int32_t dc = h->last_dc[h->component[b]] + diff;
         if (dc < -32768 || dc > 32767) fail(h);
         h->last_dc[h->component[b]] = dc;
         block[0] = (JCOEF)dc;
         for (int k = 1; k < DCTSIZE2;) {
             if (count < 32) refill(h, &bits, &count);
-            int32_t fast = ac->ac_fast[bits >> (64 - FAST_BITS)];
-            if (fast) {
-                k += (fast >> 4) & 15;
+            e = ac->lut[bits >> (64 - LUT_BITS)];
+            if (e & LUT_WHOLE) {
+                k += (e >> 12) & 15;
                 if (k >= DCTSIZE2) fail(h);
-                DROP(fast & 15);
-                block[natural[k++]] = (JCOEF)(fast >> 8);
+                DROP(e & 31);
+                block[natural[k++]] = (JCOEF)(e >> 16);
                 continue;
             }
-            int rs = decode(ac, &bits, &count);
+            int rs = code_value(e, ac, &bits, &count);
             if (rs < 0) fail(h);
-            int run = rs >> 4;
-            s = rs & 15;
+            int run = rs >> 4, s = rs & 15;
             if (s == 0) {
                 if (run != 15) break; /* end of block */
                 k += 16;

@@ -16,16 +16,18 @@ struct jpeg_entropy_decoder {
     boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
 };
 
-enum { FAST_BITS = 9 };
+enum { LUT_BITS = 11 };
+
+/* A lookup entry (HuffTable.lut): bits 0-4 the bits to drop, bit 5 WHOLE, bits 8-15 the
+ * code's value (AC: run << 4 | size), bits 16-31 the coefficient (AC) or the DC difference
+ * when WHOLE; 0 where the code is longer than LUT_BITS. */
+enum { LUT_WHOLE = 1 << 5 };
 
 /* One Huffman table, derived for decoding. */
 typedef struct {
-    /* The codes of at most FAST_BITS bits, indexed by the next FAST_BITS bits:
-     * (length << 8) | value; 0 where the code is longer. */
-    uint16_t fast[1 << FAST_BITS];
-    /* AC only, where a code and its coefficient's bits fit in FAST_BITS:
-     * (coefficient << 8) | (run << 4) | bits used; 0 elsewhere. */
-    int32_t ac_fast[1 << FAST_BITS];
+    /* Indexed by the next LUT_BITS bits: the code they start with and, where its extra bits
+     * fit too (WHOLE), the value they give, so most coefficients take one lookup. */
+    int32_t lut[1 << LUT_BITS];
     int32_t maxcode[17]; /* the largest code of each length, -1 where none */
     int32_t offset[17];  /* a code's value is huffval[code + offset[length]] */
     /* libjpeg's table (code counts by length, values), kept to derive again only when it

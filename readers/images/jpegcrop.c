@@ -38,6 +38,7 @@
 #include <Python.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -604,6 +605,45 @@ typedef struct {
     Huffman *huffman; /* verified bytes' entropy decoder, made on first use */
 } Scratch;
 
+/* Each thread's Scratch outlives its calls, so that a thread decoding one image a call
+ * (the converter, verified full decodes) neither maps fresh buffers nor derives the Huffman
+ * tables again each time. Buffers over KEEP_BYTES are freed when a call ends, so a thread
+ * holds at most a few megabytes after a large image. */
+enum { KEEP_BYTES = 4 << 20 };
+
+static pthread_key_t scratch_key;
+static int scratch_key_ok;
+
+static void free_buffers(Scratch *s, size_t over) {
+    void **buffers[] = {(void **)&s->pixels, (void **)&s->box, (void **)&s->acc,
+                        (void **)&s->rows,   (void **)&s->part, (void **)&s->ends};
+    size_t *sizes[] = {&s->pixels_n, &s->box_n, &s->acc_n, &s->rows_n, &s->part_n, &s->ends_n};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        if (*sizes[i] > over) {
+            free(*buffers[i]);
+            *buffers[i] = NULL;
+            *sizes[i] = 0;
+        }
+}
+
+static void free_scratch(void *p) {
+    Scratch *s = p;
+    free_buffers(s, 0);
+    free(s->huffman);
+    free(s);
+}
+
+/* This thread's Scratch; NULL when out of memory. Not inlined: a call before setjmp. */
+static __attribute__((noinline)) Scratch *thread_scratch(void) {
+    if (!scratch_key_ok) return NULL;
+    Scratch *s = pthread_getspecific(scratch_key);
+    if (s == NULL && (s = calloc(1, sizeof *s)) != NULL && pthread_setspecific(scratch_key, s) != 0) {
+        free(s);
+        s = NULL;
+    }
+    return s;
+}
+
 static int grow(void **buffer, size_t *have, size_t need) {
     need += SLACK;
     if (*have >= need) return 1;
@@ -1018,12 +1058,12 @@ static PyObject *crop(PyObject *self, PyObject *args) {
         struct jpeg_decompress_struct cinfo;
         struct jpeg_progress_mgr progress;
         Errors errors;
-        Scratch scratch = {0};
+        Scratch *const scratch = thread_scratch();
         cinfo.err = jpeg_std_error(&errors.pub);
         errors.pub.error_exit = on_error;
         errors.pub.emit_message = on_message;
         progress.progress_monitor = on_progress;
-        if (setjmp(errors.jump) == 0) {
+        if (scratch != NULL && setjmp(errors.jump) == 0) {
             jpeg_create_decompress(&cinfo);
             cinfo.progress = &progress;
             for (;;) { /* calls sharing `next` take the rows one at a time, in order */
@@ -1035,21 +1075,15 @@ static PyObject *crop(PyObject *self, PyObject *args) {
                 status[row] = box.height > 0 && box.width > 0
                                   ? crop_one(&cinfo, &errors, bytes[k], box, out + row * row_bytes, out_h,
                                              out_w, sizes[row * 2], sizes[row * 2 + 1], dct,
-                                             verified, planar, &scratch)
+                                             verified, planar, scratch)
                                   : CROP_UNSUPPORTED;
             }
             jpeg_destroy_decompress(&cinfo);
-        } else { /* jpeg_create_decompress itself failed: the rows left, not decoded */
+        } else { /* no scratch, or jpeg_create_decompress failed: the rows left, not decoded */
             for (Py_ssize_t k; (k = (Py_ssize_t)__atomic_fetch_add(next, 1, __ATOMIC_RELAXED)) < m;)
                 status[rows[k]] = CROP_MEMORY;
         }
-        free(scratch.pixels);
-        free(scratch.box);
-        free(scratch.acc);
-        free(scratch.rows);
-        free(scratch.part);
-        free(scratch.ends);
-        free(scratch.huffman);
+        if (scratch != NULL) free_buffers(scratch, KEEP_BYTES);
         Py_END_ALLOW_THREADS;
     }
     if (views != NULL) release_all(views, m);
@@ -1188,6 +1222,7 @@ PyMODINIT_FUNC PyInit_jpegcrop(void) {
     __builtin_cpu_init();
 #endif
     use_simd = best_simd();
+    if (!scratch_key_ok) scratch_key_ok = pthread_key_create(&scratch_key, free_scratch) == 0;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "HEADER_FIELDS", HEADER_FIELDS) < 0 ||
