@@ -394,10 +394,21 @@ with_kernel = [outcome(data, k) for k, (_, data) in enumerate(cases)]
 # Told the bytes passed their CRC-32, the kernel stops after the box: damage below it goes
 # unseen (the CRC-32 is what guards stored bytes), anything else is judged as before.
 stopping = [outcome(data, k, verified=True) for k, (_, data) in enumerate(cases)]
-# The same with libjpeg's Huffman decoder in place of the kernel's own (huffman.c).
+# Both again with libjpeg's Huffman decoder in place of the kernel's own (huffman.c).
 kernel.crop_kernel().set_huffman(False)
+with_libjpeg = [outcome(data, k) for k, (_, data) in enumerate(cases)]
 stopping_libjpeg = [outcome(data, k, verified=True) for k, (_, data) in enumerate(cases)]
 kernel.crop_kernel().set_huffman(True)
+# Whole decodes (the converter's), by the own decoder and by libjpeg's: the same pixels
+# wherever both decode; the own one refuses more (it takes only well-formed data).
+def whole(data):
+    pixels = kernel.decode_whole(kernel.crop_kernel(), data, 4000 * 4000)
+    return None if pixels is None else pixels.tobytes()
+own_wholes = [whole(data) for _, data in cases]
+kernel.crop_kernel().set_huffman(False)
+wholes = list(zip(own_wholes, [whole(data) for _, data in cases]))
+kernel.crop_kernel().set_huffman(True)
+whole_mismatches = [k for k, (a, b) in enumerate(wholes) if a is not None and a != b]
 headers = kernel.jpeg_headers(kernel.crop_kernel(), [data for _, data in cases])
 taken = kernel.kernel_decodes(headers, None)
 header_mismatches = []
@@ -412,7 +423,7 @@ assert kernel.crop_kernel() is None
 without = [outcome(data, k) for k, (_, data) in enumerate(cases)]
 mismatches = [
     {"case": k, "kind": cases[k][0], "kernel": a[0], "python": b[0], "text": (a[1][:99], b[1][:99])}
-    for k, (a, b) in enumerate(zip(with_kernel, without)) if a != b
+    for own in (with_kernel, with_libjpeg) for k, (a, b) in enumerate(zip(own, without)) if a != b
 ]
 stopping_mismatches = [
     k for k, (a, b) in enumerate(zip(stopping, without)) if a != b and b[0] != "error"
@@ -433,6 +444,8 @@ print(json.dumps({
     "stopping_decoded_damage": sum(a[0] != b[0] for a, b in zip(stopping, without)),
     "huffman_mismatches": huffman_mismatches[:20],
     "huffman_refused": sum(a != b for a, b in zip(stopping, stopping_libjpeg)),
+    "whole_mismatches": whole_mismatches[:20],
+    "whole_refused": sum(a is None and b is not None for a, b in wholes),
 }))
 """
 
@@ -464,6 +477,7 @@ def test_fuzzed_jpegs_never_crash_and_match_the_python_path() -> None:
     assert report["stopping_mismatches"] == []
     assert report["stopping_decoded_damage"] > 0, report
     assert report["huffman_mismatches"] == [], report
+    assert report["whole_mismatches"] == [], report
     # the kernel judged many damaged files itself (not all left to the fallback), and both
     # outcomes occur
     assert report["taken_by_kernel"] >= 500, report

@@ -1,4 +1,4 @@
-/* A baseline Huffman decoder that takes libjpeg's place for verified bytes (huffman.c). */
+/* A baseline Huffman decoder that takes libjpeg's place in the kernel (huffman.c). */
 #ifndef IMGPACK_HUFFMAN_H
 #define IMGPACK_HUFFMAN_H
 
@@ -58,5 +58,11 @@ typedef struct { /* cinfo->client_data points here while it decodes */
  * (progressive, arithmetic-coded, not 8-bit, not one interleaved scan), libjpeg keeps it.
  * Damaged data fails through cinfo->err->error_exit, as libjpeg's own errors do. */
 int huffman_install(j_decompress_ptr cinfo, Huffman *h);
+
+/* After the scan's last MCU, before jpeg_finish_decompress: libjpeg's source resumes where
+ * `h` stopped, so that it reads the markers after the scan as after its own decoder (and
+ * warns as it would about bytes before them). Whole bytes left unread in `h` fail through
+ * error_exit. */
+void huffman_finish(j_decompress_ptr cinfo, Huffman *h);
 
 #endif

@@ -585,7 +585,7 @@ static void on_progress(j_common_ptr cinfo) {
         longjmp(((Errors *)cinfo->err)->jump, 1);
 }
 
-/* Whether verified bytes decode through huffman.c instead of libjpeg's Huffman decoder. */
+/* Whether baseline scans decode through huffman.c instead of libjpeg's Huffman decoder. */
 static int use_huffman = 1;
 
 /* Buffers one thread reuses across its samples (grown, never shrunk). */
@@ -888,7 +888,8 @@ static int crop_bytes(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, 
     cinfo->scale_num = 1;
     cinfo->scale_denom = (unsigned)d;
     jpeg_start_decompress(cinfo);
-    if (verified && use_huffman) { /* out of memory, or a scan it does not take: libjpeg's */
+    cinfo->client_data = NULL; /* huffman.c's state while it decodes this scan */
+    if (use_huffman) { /* out of memory, or a scan it does not take: libjpeg's */
         if (s->huffman == NULL) s->huffman = calloc(1, sizeof *s->huffman);
         if (s->huffman != NULL) huffman_install(cinfo, s->huffman);
     }
@@ -951,6 +952,7 @@ static int crop_bytes(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, 
             JSAMPROW row = s->box;
             jpeg_read_scanlines(cinfo, &row, 1);
         }
+        if (cinfo->client_data != NULL) huffman_finish(cinfo, cinfo->client_data);
         jpeg_finish_decompress(cinfo);
     }
     /* Now the pixels: the box straight from the decoded rows, or zero-padded first. */
