@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tarfile
+
 import h5py
 import lmdb
 import numpy as np
@@ -11,6 +13,7 @@ import torch
 import readers
 from convert import ConvertOptions, convert_folder
 from convert.writers import lmdb as lmdb_writer
+from convert.writers import wds as wds_writer
 from readers import spec
 from tests.conftest import ENCODING_CASES, SAMPLE_DATA
 
@@ -77,3 +80,26 @@ def test_hdf5_blocks_whose_samples_all_have_one_length_are_written(tmp_path, cas
     assert len(ds) == len(reference) == 32
     for i in range(32):
         assert torch.equal(ds[i][0], reference[i][0])
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["000000000001.jpg", "7.cls", "x" * 100, "x" * 101, "é.jpg", "\udcff.path.txt", ""],
+)
+@pytest.mark.parametrize("size", [0, 1, 26_117, 8**11 - 1, 8**11])
+def test_wds_member_headers_are_tarfiles_own(name: str, size: int) -> None:
+    """The filled-in copy of one header gives what ``TarInfo.tobuf`` gives, byte for byte
+    (names too long or not ASCII, and sizes past 11 octal digits, go to tarfile itself)."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, wds_writer.MODE, 0
+    try:
+        expected: bytes | type[Exception] = info.tobuf(
+            tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape"
+        )
+    except ValueError as e:
+        expected = type(e)
+    if isinstance(expected, bytes):
+        assert wds_writer.ustar_header(name, size) == expected
+    else:
+        with pytest.raises(expected):
+            wds_writer.ustar_header(name, size)
