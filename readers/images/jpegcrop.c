@@ -267,6 +267,7 @@ static PyObject *headers(PyObject *self, PyObject *args) {
 typedef struct {
     int *first, *size;
     int16_t *weights;
+    int32_t *pairs; /* output i's weights two by two, as _mm_madd_epi16 pairs them: (taps + 1) / 2 */
     int taps, precision;
 } Taps;
 
@@ -274,7 +275,11 @@ static void free_taps(Taps *t) {
     free(t->first);
     free(t->size);
     free(t->weights);
+    free(t->pairs);
 }
+
+/* Two int16 weights in one int32, the first in the low half. */
+static int32_t pair(int16_t a, int16_t b) { return (int32_t)((uint32_t)(uint16_t)a | ((uint32_t)(uint16_t)b << 16)); }
 
 static double triangle(double x) {
     if (x < 0.0) x = -x;
@@ -303,8 +308,9 @@ static int make_taps(Taps *t, Span span, int out) {
     t->first = malloc((size_t)out * sizeof *t->first);
     t->size = malloc((size_t)out * sizeof *t->size);
     t->weights = malloc((size_t)out * taps * sizeof *t->weights);
+    t->pairs = malloc((size_t)out * ((taps + 1) / 2) * sizeof *t->pairs);
     t->taps = taps;
-    if (w == NULL || t->first == NULL || t->size == NULL || t->weights == NULL) {
+    if (w == NULL || t->first == NULL || t->size == NULL || t->weights == NULL || t->pairs == NULL) {
         free(w);
         free_taps(t);
         return 0;
@@ -336,6 +342,12 @@ static int make_taps(Taps *t, Span span, int out) {
     for (size_t k = 0; k < (size_t)out * taps; k++)
         t->weights[k] = (int16_t)(w[k] < 0 ? (int)(-0.5 + w[k] * (1 << precision))
                                            : (int)(0.5 + w[k] * (1 << precision)));
+    const int halves = (taps + 1) / 2;
+    for (int i = 0; i < out; i++) {
+        const int16_t *k = t->weights + (size_t)i * taps;
+        for (int j = 0; j < halves; j++)
+            t->pairs[(size_t)i * halves + j] = pair(k[2 * j], 2 * j + 1 < taps ? k[2 * j + 1] : 0);
+    }
     free(w);
     return 1;
 }
@@ -389,67 +401,92 @@ static void resize_columns(const uint8_t *src, size_t stride, size_t n, const Ta
 #include <immintrin.h>
 #define HAVE_AVX2 1
 
-/* Two int16 weights in each int32 lane, as _mm_madd_epi16 pairs them. */
-#define PAIR256(a, b) _mm256_set1_epi32(pair(a, b))
-
-static int pair(int16_t a, int16_t b) { return (int)((uint32_t)(uint16_t)a | ((uint32_t)(uint16_t)b << 16)); }
-
-/* resize_rows with AVX2 and the same integers: Pillow-SIMD's pairing of taps (as torch's
- * AVX2 kernel), two rows at once, one in each 128-bit lane. Reads up to 4 bytes past a row's
- * last pixel (SLACK). */
-__attribute__((target("avx2"))) static void resize_rows_avx2(const uint8_t *src, size_t stride,
-                                                            int rows, const Taps *t, int out_w,
-                                                            uint8_t *dst, size_t dst_stride) {
-    const __m256i bias = _mm256_set1_epi32(t->precision > 0 ? 1 << (t->precision - 1) : 0);
-    const __m128i shift = _mm_cvtsi32_si128(t->precision);
+/* One output pixel of two rows (one in each 128-bit lane): taps four, then two, then one at
+ * a time over the pixels from p0 and p1, the weight pairs of `pairs`; RGB in the low three
+ * int32 lanes of each half, before the shift. Reads up to 4 bytes past the last pixel. */
+__attribute__((target("avx2"))) static inline __m256i taps_of_two_rows(const uint8_t *p0,
+                                                                       const uint8_t *p1,
+                                                                       const int32_t *pairs,
+                                                                       int size, __m256i acc) {
     const __m256i two = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,
                                           0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1);
     const __m256i two_hi = _mm256_setr_epi8(6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1,
                                              6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
     const __m256i one = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, -1, -1, -1, -1,
                                           0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, -1, -1, -1, -1);
+    int j = 0;
+    for (; j + 3 < size; j += 4) {
+        __m256i px = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + j * 3))),
+            _mm_loadu_si128((const __m128i *)(p1 + j * 3)), 1);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two),
+                                                      _mm256_set1_epi32(pairs[j / 2])));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two_hi),
+                                                      _mm256_set1_epi32(pairs[j / 2 + 1])));
+    }
+    if (j + 1 < size) {
+        __m256i px = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p0 + j * 3))),
+            _mm_loadl_epi64((const __m128i *)(p1 + j * 3)), 1);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two),
+                                                      _mm256_set1_epi32(pairs[j / 2])));
+        j += 2;
+    }
+    if (j < size) { /* the pair's second weight is 0 here, or `one` drops its pixel */
+        int32_t v0, v1;
+        memcpy(&v0, p0 + j * 3, 4);
+        memcpy(&v1, p1 + j * 3, 4);
+        __m256i px = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_cvtsi32_si128(v0)),
+                                             _mm_cvtsi32_si128(v1), 1);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, one),
+                                                      _mm256_set1_epi32(pairs[j / 2])));
+    }
+    return acc;
+}
+
+/* The two rows' pixel of `acc`, shifted and clamped, stored at o0 and o1. */
+__attribute__((target("avx2"))) static inline void store_two(__m256i acc, __m128i shift,
+                                                             uint8_t *o0, uint8_t *o1) {
+    acc = _mm256_sra_epi32(acc, shift);
+    acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);
+    int32_t rgb0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
+    int32_t rgb1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
+    memcpy(o0, &rgb0, 3);
+    memcpy(o1, &rgb1, 3);
+}
+
+/* resize_rows with AVX2 and the same integers: Pillow-SIMD's pairing of taps (as torch's
+ * AVX2 kernel), four rows at a time (two in each of two registers, one in each 128-bit
+ * lane), sharing each output pixel's taps. Reads up to 4 bytes past a row's last pixel
+ * (SLACK). */
+__attribute__((target("avx2"))) static void resize_rows_avx2(const uint8_t *src, size_t stride,
+                                                            int rows, const Taps *t, int out_w,
+                                                            uint8_t *dst, size_t dst_stride) {
+    const __m256i bias = _mm256_set1_epi32(t->precision > 0 ? 1 << (t->precision - 1) : 0);
+    const __m128i shift = _mm_cvtsi32_si128(t->precision);
+    const int halves = (t->taps + 1) / 2;
     int y = 0;
-    for (; y + 1 < rows; y += 2) {
-        const uint8_t *line0 = src + (size_t)y * stride, *line1 = line0 + stride;
-        uint8_t *o0 = dst + (size_t)y * dst_stride, *o1 = o0 + dst_stride;
+    for (; y + 3 < rows; y += 4) {
+        const uint8_t *line = src + (size_t)y * stride;
+        uint8_t *o = dst + (size_t)y * dst_stride;
         for (int x = 0; x < out_w; x++) {
-            const int16_t *k = t->weights + (size_t)x * t->taps;
-            const size_t at = (size_t)t->first[x] * 3;
-            const uint8_t *p0 = line0 + at, *p1 = line1 + at;
+            const int32_t *pairs = t->pairs + (size_t)x * halves;
+            const uint8_t *p = line + (size_t)t->first[x] * 3;
             const int size = t->size[x];
-            __m256i acc = bias;
-            int j = 0;
-            for (; j + 3 < size; j += 4) {
-                __m256i px = _mm256_inserti128_si256(
-                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + j * 3))),
-                    _mm_loadu_si128((const __m128i *)(p1 + j * 3)), 1);
-                __m256i k01 = PAIR256(k[j], k[j + 1]);
-                __m256i k23 = PAIR256(k[j + 2], k[j + 3]);
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two), k01));
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two_hi), k23));
-            }
-            for (; j + 1 < size; j += 2) {
-                __m256i px = _mm256_inserti128_si256(
-                    _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(p0 + j * 3))),
-                    _mm_loadl_epi64((const __m128i *)(p1 + j * 3)), 1);
-                acc = _mm256_add_epi32(
-                    acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, two), PAIR256(k[j], k[j + 1])));
-            }
-            if (j < size) {
-                int32_t v0, v1;
-                memcpy(&v0, p0 + j * 3, 4);
-                memcpy(&v1, p1 + j * 3, 4);
-                __m256i px = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_cvtsi32_si128(v0)),
-                                                     _mm_cvtsi32_si128(v1), 1);
-                acc = _mm256_add_epi32(
-                    acc, _mm256_madd_epi16(_mm256_shuffle_epi8(px, one), PAIR256(k[j], 0)));
-            }
-            acc = _mm256_sra_epi32(acc, shift);
-            acc = _mm256_packus_epi16(_mm256_packs_epi32(acc, acc), acc);
-            int32_t rgb0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(acc));
-            int32_t rgb1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(acc, 1));
-            memcpy(o0 + (size_t)x * 3, &rgb0, 3);
-            memcpy(o1 + (size_t)x * 3, &rgb1, 3);
+            __m256i a01 = taps_of_two_rows(p, p + stride, pairs, size, bias);
+            __m256i a23 = taps_of_two_rows(p + 2 * stride, p + 3 * stride, pairs, size, bias);
+            uint8_t *q = o + (size_t)x * 3;
+            store_two(a01, shift, q, q + dst_stride);
+            store_two(a23, shift, q + 2 * dst_stride, q + 3 * dst_stride);
+        }
+    }
+    for (; y + 1 < rows; y += 2) {
+        const uint8_t *line = src + (size_t)y * stride;
+        uint8_t *o = dst + (size_t)y * dst_stride;
+        for (int x = 0; x < out_w; x++) {
+            const uint8_t *p = line + (size_t)t->first[x] * 3;
+            __m256i acc = taps_of_two_rows(p, p + stride, t->pairs + (size_t)x * halves, t->size[x], bias);
+            store_two(acc, shift, o + (size_t)x * 3, o + dst_stride + (size_t)x * 3);
         }
     }
     if (y < rows) resize_rows(src + (size_t)y * stride, stride, rows - y, t, out_w, dst + (size_t)y * dst_stride, dst_stride);
@@ -477,7 +514,7 @@ __attribute__((target("avx2"))) static void resize_columns_avx2(const uint8_t *s
                 __m256i b = j + 1 < size
                                 ? _mm256_loadu_si256((const __m256i *)(rows + (size_t)(j + 1) * stride + i))
                                 : zero;
-                __m256i kk = PAIR256(k[j], j + 1 < size ? k[j + 1] : 0);
+                __m256i kk = _mm256_set1_epi32(pair(k[j], j + 1 < size ? k[j + 1] : 0));
                 __m256i lo = _mm256_unpacklo_epi8(a, b), hi = _mm256_unpackhi_epi8(a, b);
                 s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), kk));
                 s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), kk));
