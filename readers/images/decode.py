@@ -151,7 +151,7 @@ def decode_image(
     cleanly (:attr:`readers.formats.reader.ShardReader.verified`). A full-size JPEG the
     crop kernel takes then decodes there, its Huffman codes through the kernel's own
     decoder, which keeps a fast path across restart markers where libjpeg-turbo's does not:
-    the same pixels.
+    the same pixels (unverified bytes keep TurboJPEG's decode, which judges them).
 
     With ``min_side``, a JPEG whose shorter side is at least twice that is decoded
     downscaled in the DCT domain (by 2, 4 or 8, keeping the shorter side >= ``min_side``,

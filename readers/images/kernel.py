@@ -11,10 +11,10 @@ it, mirrored if asked, straight into its batch row. Verified bytes (see :func:`c
 whose restart markers cut every MCU row into intervals, as the converter writes them
 (:func:`readers.images.decode.encode_jpeg`), decode only the intervals around the box: the
 entropy decode, most of a small JPEG's cost, then skips the rows above the box and the
-columns beside it, and their Huffman codes go through the kernel's own decoder
-(``huffman.c``, a fast path across the markers where libjpeg-turbo's has none).
-:func:`decode_whole` decodes a whole JPEG the same way (the converter's decode and
-resize; verified full decodes).
+columns beside it. The Huffman codes of every baseline scan go through the kernel's own
+decoder (``huffman.c``: a fast path across restart markers, where libjpeg-turbo's has
+none, and a faster one than libjpeg-turbo's without them). :func:`decode_whole` decodes a
+whole JPEG the same way (the converter's decode and resize; verified full decodes).
 
 A sample the kernel does not take (:func:`kernel_decodes`: EXIF-rotated, CMYK, lossless,
 12-bit, incomplete...) or fails on (any libjpeg error or warning) is left to the Python
@@ -166,8 +166,8 @@ def decode_whole(
     resized to ``size(height, width)`` (None: its own size) from a decode DCT-scaled by
     ``dct_denominator(height, width)`` (None: 1); or None where the caller's decoder must
     take it (:func:`kernel_decodes` refuses it, over ``max_pixels``, or a libjpeg error or
-    warning). ``verified`` as for :func:`crop_rows`: here, Huffman codes through the
-    kernel's own decoder (a full decode reads every row anyway)."""
+    warning). ``verified`` as for :func:`crop_rows`: here, the markers after the last row
+    are left unread (a full decode reads every row anyway)."""
     headers = jpeg_headers(module, [data])
     if not kernel_decodes(headers, max_pixels)[0]:
         return None
