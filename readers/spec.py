@@ -29,6 +29,7 @@ __all__ = [
     "content_sha256",
     "sample_crc",
     "sample_digest",
+    "sample_nbytes",
     "shard_name",
 ]
 
@@ -116,6 +117,11 @@ def sample_digest(label: int, path: str, data: bytes | memoryview | np.ndarray) 
     digest = hashlib.sha256(f"{label}\0{path}\0{kind}\0".encode("utf-8", "surrogateescape"))
     digest.update(payload)
     return digest.digest()
+
+
+def sample_nbytes(data: bytes | memoryview | np.ndarray) -> int:
+    """Bytes of one stored value: encoded bytes, or raw pixels."""
+    return data.nbytes if isinstance(data, np.ndarray) else len(data)
 
 
 def sample_crc(data: bytes | memoryview | np.ndarray) -> int:

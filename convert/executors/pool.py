@@ -35,8 +35,13 @@ import torch
 from convert.process import Prepared, Transform, prepare
 from convert.scan import Sample
 from convert.sources.base import SampleReader
+from readers import spec
 
 __all__ = ["WorkerDiedError", "prepare_samples", "prepared_in_order"]
+
+FIRST_CHUNK = 16  # samples a task prepares, until their size is known
+MAX_CHUNK = 64
+CHUNK_BYTES = 4 << 20  # what a task's prepared samples should come to
 
 _PR_SET_PDEATHSIG = 1
 
@@ -94,8 +99,7 @@ def prepared_in_order(
 ) -> Iterator[Prepared | str]:
     """``samples[start:]`` prepared, in input order, from a process pool (or in-process for
     1 worker); chunks of them travel to the workers, the table is never copied whole."""
-    chunk = max(1, min(16, (len(samples) - start) // (workers * 8)))
-    chunks = (samples[i : i + chunk] for i in range(start, len(samples), chunk))
+    chunks = _Chunks(samples, start, workers)
     if workers <= 1:  # in this process, on one core as asked: torch's threads too
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -120,6 +124,7 @@ def prepared_in_order(
         while in_flight:
             try:
                 results = _take_from_spool(in_flight.popleft().result())
+                chunks.fit(results)
                 in_flight.extend(map(submit, itertools.islice(chunks, 1)))  # raises once one died
             except BrokenProcessPool as e:
                 raise WorkerDiedError(
@@ -132,6 +137,36 @@ def prepared_in_order(
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # waits for the chunks running now
         spool.cleanup()
+
+
+class _Chunks:
+    """The samples from ``start`` in consecutive chunks, each of the size in force when it
+    is taken: FIRST_CHUNK, then as many as come to about CHUNK_BYTES prepared. Resized JPEGs
+    then travel MAX_CHUNK at a time, so that a task's fixed costs weigh less (2-worker
+    conversions 1.015x as fast side by side; 64 against 16 always, 1.03-1.05x); big raw
+    images one at a time, so that the spool stays small (16 of them were hundreds of MB). At most an eighth of a worker's share, so that a small run still
+    spreads over the workers."""
+
+    def __init__(self, samples: Sequence[Sample], start: int, workers: int) -> None:
+        self.samples, self.next = samples, start
+        self.most = max(1, min(MAX_CHUNK, (len(samples) - start) // (max(workers, 1) * 8)))
+        self.size = min(FIRST_CHUNK, self.most)
+
+    def __iter__(self) -> _Chunks:
+        return self
+
+    def __next__(self) -> Sequence[Sample]:
+        if self.next >= len(self.samples):
+            raise StopIteration
+        part = self.samples[self.next : self.next + self.size]
+        self.next += len(part)
+        return part
+
+    def fit(self, results: Sequence[Prepared | str]) -> None:
+        """Size the chunks taken from now on by what ``results`` (one chunk's) weighed."""
+        nbytes = sum(spec.sample_nbytes(r.data) for r in results if not isinstance(r, str))
+        if nbytes:
+            self.size = max(1, min(self.most, CHUNK_BYTES * len(results) // nbytes))
 
 
 def _init_worker() -> None:

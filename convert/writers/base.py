@@ -46,7 +46,7 @@ class Record:
 
     @property
     def nbytes(self) -> int:
-        return self.data.nbytes if isinstance(self.data, np.ndarray) else len(self.data)
+        return spec.sample_nbytes(self.data)
 
 
 class ShardWriter(Protocol):
