@@ -144,8 +144,9 @@ class _Chunks:
     is taken: FIRST_CHUNK, then as many as come to about CHUNK_BYTES prepared. Resized JPEGs
     then travel MAX_CHUNK at a time, so that a task's fixed costs weigh less (2-worker
     conversions 1.015x as fast side by side; 64 against 16 always, 1.03-1.05x); big raw
-    images one at a time, so that the spool stays small (16 of them were hundreds of MB). At most an eighth of a worker's share, so that a small run still
-    spreads over the workers."""
+    images one at a time, so that the spool stays small (16 of them were hundreds of MB).
+    At most an eighth of a worker's share, so that a small run still spreads over the
+    workers."""
 
     def __init__(self, samples: Sequence[Sample], start: int, workers: int) -> None:
         self.samples, self.next = samples, start
