@@ -130,9 +130,10 @@ def kernel_crop(
     return out
 
 
-@pytest.fixture(params=[1, 0], ids=["avx2", "plain-c"])
+@pytest.fixture(params=[2, 1, 0], ids=["avx2-groups", "avx2", "plain-c"])
 def simd(request: pytest.FixtureRequest) -> Iterator[int]:
-    """Runs a test with each of the kernel's resizes: AVX2, plain C."""
+    """Runs a test with each of the kernel's resizes: AVX2 by groups of four outputs (where
+    the taps fit), AVX2 an output at a time, plain C."""
     module = kernel.crop_kernel()
     if request.param > module.SIMD:
         pytest.skip(f"this CPU (or build) has only resize level {module.SIMD}")
@@ -163,6 +164,23 @@ def test_kernel_crop_equals_full_decode_box_resize_flip(encoding: str, simd: int
                 np.testing.assert_array_equal(got, reference(pixels, box, size), err_msg=str(box))
                 checked += 1
     assert checked >= 300
+
+
+@needs_kernel
+def test_whole_decodes_resize_as_torch_at_every_scale(simd: int) -> None:
+    """The converter's decode and resize in one call equals ``F.interpolate(antialias=True)``
+    of the full decode at scales from 3x up to 2.6x down: the grouped horizontal pass where
+    its taps fit (up to about 1.8x down), and each group tail of 0-3 outputs and odd and even
+    row counts; past that the per-pixel pass."""
+    data = jpeg(301, 403, seed=5)
+    pixels = decode_image(data)
+    box = np.array([0, 0, 301, 403, 0])
+    heights, widths = (115, 160, 171, 224, 301, 302, 700), (155, 222, 257, 403, 406)
+    outputs = [(h, w) for h in heights for w in widths]
+    outputs += [(h, w) for h in (90, 151) for w in (81, 160, 229, 1000)]
+    for size in outputs:
+        whole = kernel.decode_whole(kernel.crop_kernel(), data, None, lambda h, w, s=size: s)
+        np.testing.assert_array_equal(whole, reference(pixels, box, size), err_msg=str(size))
 
 
 # Beside ENCODINGS: Huffman tables of the image's own statistics instead of the standard ones.

@@ -37,6 +37,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -269,13 +270,29 @@ typedef struct {
     int16_t *weights;
     int32_t *pairs; /* output i's weights two by two, as _mm_madd_epi16 pairs them: (taps + 1) / 2 */
     int taps, precision;
+    /* The horizontal pass by groups of GROUP outputs (make_groups), where every output has
+     * at most 2 * group_pairs taps: per group, its three registers' first input byte in
+     * `group_base` and, per register and pair of taps, a byte shuffle then the int16
+     * weights, each 32 bytes (the same in both 128-bit lanes) in `group_lanes`. */
+    int groups, group_pairs;
+    int32_t *group_base;
+    uint8_t *group_lanes;
 } Taps;
+
+enum {
+    GROUP = 4,       /* outputs a group: 12 bytes, three registers of four int32 channels */
+    GROUP_PAIRS = 3, /* at most this many pairs of taps an output */
+    LANE = 32,       /* bytes of one shuffle or of one register's weights */
+};
 
 static void free_taps(Taps *t) {
     free(t->first);
     free(t->size);
     free(t->weights);
     free(t->pairs);
+    free(t->group_base);
+    free(t->group_lanes);
+    *t = (Taps){0}; /* freed once: make_taps frees what it made when it fails, and so may place */
 }
 
 /* Two int16 weights in one int32, the first in the low half. */
@@ -349,6 +366,64 @@ static int make_taps(Taps *t, Span span, int out) {
             t->pairs[(size_t)i * halves + j] = pair(k[2 * j], 2 * j + 1 < taps ? k[2 * j + 1] : 0);
     }
     free(w);
+    return 1;
+}
+
+/* The grouped horizontal pass's tables for `t` (of `out` outputs), if it can take them:
+ * output channel c of a group (0-11, RGB of its four pixels) is int32 lane c % 4 of register
+ * c / 4, which reads the 16 bytes from its group_base; each of its pairs of taps is a byte
+ * shuffle of those 16 (two uint8 widened to int16, 0x80 for a tap the output has not) and a
+ * _mm_madd_epi16 by the two weights (0 for none). The same integers as resize_rows, so the
+ * same pixels. Without tables (an output with over 2 * GROUP_PAIRS taps, or a register whose
+ * bytes span over 16: downscales beyond about 1.8x), groups stays 0. 0: out of memory. */
+static int make_groups(Taps *t, int out) {
+    int most = 0;
+    for (int x = 0; x < out; x++)
+        if (most < t->size[x]) most = t->size[x];
+    const int pairs = (most + 1) / 2, groups = out / GROUP;
+    if (pairs < 1 || pairs > GROUP_PAIRS || groups == 0) return 1;
+    t->group_base = malloc((size_t)groups * 3 * sizeof *t->group_base);
+    t->group_lanes = calloc((size_t)groups * 3 * pairs * 2, LANE);
+    if (t->group_base == NULL || t->group_lanes == NULL) return 0;
+    for (int g = 0; g < groups; g++)
+        for (int r = 0; r < 3; r++) {
+            int lo = INT_MAX, hi = -1;
+            for (int lane = 0; lane < 4; lane++) {
+                int c = 4 * r + lane, x = g * GROUP + c / 3;
+                if (t->size[x] == 0) continue;
+                int first = t->first[x] * 3 + c % 3, last = first + (t->size[x] - 1) * 3;
+                if (lo > first) lo = first;
+                if (hi < last) hi = last;
+            }
+            if (hi < 0) lo = hi = 0;
+            if (hi - lo >= 16) { /* not in one load: no groups at all */
+                free(t->group_base);
+                free(t->group_lanes);
+                t->group_base = NULL;
+                t->group_lanes = NULL;
+                return 1;
+            }
+            t->group_base[g * 3 + r] = lo;
+            for (int q = 0; q < pairs; q++) {
+                uint8_t *shuffle = t->group_lanes + ((size_t)(g * 3 + r) * pairs + q) * 2 * LANE;
+                int16_t weights[LANE / 2];
+                memset(shuffle, 0x80, LANE);
+                for (int lane = 0; lane < 4; lane++) {
+                    int c = 4 * r + lane, x = g * GROUP + c / 3;
+                    for (int half = 0; half < 2; half++) {
+                        int j = 2 * q + half, have = j < t->size[x];
+                        int16_t w = have ? t->weights[(size_t)x * t->taps + j] : 0;
+                        if (have) shuffle[4 * lane + 2 * half] = (uint8_t)((t->first[x] + j) * 3 + c % 3 - lo);
+                        weights[2 * lane + half] = w;
+                    }
+                }
+                memcpy(shuffle + LANE / 2, shuffle, LANE / 2);
+                memcpy(weights + LANE / 4, weights, LANE / 2);
+                memcpy(shuffle + LANE, weights, LANE);
+            }
+        }
+    t->groups = groups;
+    t->group_pairs = pairs;
     return 1;
 }
 
@@ -492,6 +567,78 @@ __attribute__((target("avx2"))) static void resize_rows_avx2(const uint8_t *src,
     if (y < rows) resize_rows(src + (size_t)y * stride, stride, rows - y, t, out_w, dst + (size_t)y * dst_stride, dst_stride);
 }
 
+/* One group's three registers for two rows (one in each 128-bit lane), `pairs` pairs of
+ * taps, shifted; channels 0-11 in bytes 0-11 of each lane. */
+__attribute__((target("avx2"))) static inline __m256i group_of_two_rows(
+    const uint8_t *row0, const uint8_t *row1, const int32_t *base, const uint8_t *lanes,
+    const int pairs, __m256i bias, __m128i shift) {
+    __m256i acc[3];
+    for (int r = 0; r < 3; r++) {
+        __m256i px = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(row0 + base[r]))),
+            _mm_loadu_si128((const __m128i *)(row1 + base[r])), 1);
+        __m256i a = bias;
+        for (int q = 0; q < pairs; q++, lanes += 2 * LANE) {
+            __m256i taps = _mm256_shuffle_epi8(px, _mm256_loadu_si256((const __m256i *)lanes));
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(taps, _mm256_loadu_si256((const __m256i *)(lanes + LANE))));
+        }
+        acc[r] = _mm256_sra_epi32(a, shift);
+    }
+    return _mm256_packus_epi16(_mm256_packs_epi32(acc[0], acc[1]), _mm256_packs_epi32(acc[2], acc[2]));
+}
+
+/* resize_rows_avx2 by groups of four outputs (make_groups' tables), two rows at a time, for
+ * `t->groups` groups with `pairs` pairs of taps; each group's 12 bytes are stored as 16 (the
+ * next group's first four, overwritten after), the last one's as 12. */
+__attribute__((target("avx2"))) static inline void resize_groups(const uint8_t *src, size_t stride,
+                                                                int rows, const Taps *t, const int pairs,
+                                                                uint8_t *dst, size_t dst_stride) {
+    const __m256i bias = _mm256_set1_epi32(t->precision > 0 ? 1 << (t->precision - 1) : 0);
+    const __m128i shift = _mm_cvtsi32_si128(t->precision);
+    const size_t lanes_a_group = (size_t)3 * pairs * 2 * LANE;
+    for (int y = 0; y + 1 < rows; y += 2) {
+        const uint8_t *row0 = src + (size_t)y * stride, *row1 = row0 + stride;
+        uint8_t *o0 = dst + (size_t)y * dst_stride, *o1 = o0 + dst_stride;
+        int g = 0;
+        for (; g + 1 < t->groups; g++) {
+            __m256i v = group_of_two_rows(row0, row1, t->group_base + 3 * g,
+                                          t->group_lanes + g * lanes_a_group, pairs, bias, shift);
+            _mm_storeu_si128((__m128i *)(o0 + 12 * g), _mm256_castsi256_si128(v));
+            _mm_storeu_si128((__m128i *)(o1 + 12 * g), _mm256_extracti128_si256(v, 1));
+        }
+        __m256i v = group_of_two_rows(row0, row1, t->group_base + 3 * g,
+                                      t->group_lanes + g * lanes_a_group, pairs, bias, shift);
+        uint8_t last[32];
+        _mm256_storeu_si256((__m256i *)last, v);
+        memcpy(o0 + 12 * g, last, 12);
+        memcpy(o1 + 12 * g, last + 16, 12);
+    }
+}
+
+/* The grouped horizontal pass: the groups' outputs, then the last out_w % GROUP outputs and
+ * an odd last row by resize_rows_avx2. */
+__attribute__((target("avx2"))) static void resize_rows_grouped(const uint8_t *src, size_t stride,
+                                                               int rows, const Taps *t, int out_w,
+                                                               uint8_t *dst, size_t dst_stride) {
+    switch (t->group_pairs) { /* a constant count of pairs, so that the loop unrolls */
+    case 1: resize_groups(src, stride, rows, t, 1, dst, dst_stride); break;
+    case 2: resize_groups(src, stride, rows, t, 2, dst, dst_stride); break;
+    default: resize_groups(src, stride, rows, t, 3, dst, dst_stride); break;
+    }
+    const int done = t->groups * GROUP, halves = (t->taps + 1) / 2;
+    if (done < out_w) {
+        Taps rest = *t;
+        rest.first += done;
+        rest.size += done;
+        rest.pairs += (size_t)done * halves;
+        rest.weights += (size_t)done * t->taps;
+        resize_rows_avx2(src, stride, rows & ~1, &rest, out_w - done, dst + (size_t)done * 3, dst_stride);
+    }
+    if (rows & 1)
+        resize_rows_avx2(src + (size_t)(rows - 1) * stride, stride, 1, t, out_w,
+                         dst + (size_t)(rows - 1) * dst_stride, dst_stride);
+}
+
 /* resize_columns with AVX2: 32 bytes of a row at a time, two taps per _mm256_madd_epi16 (the
  * unpacks and packs stay within each 128-bit lane, so the bytes come out in order). */
 __attribute__((target("avx2"))) static void resize_columns_avx2(const uint8_t *src, size_t stride,
@@ -539,12 +686,13 @@ __attribute__((target("avx2"))) static void resize_columns_avx2(const uint8_t *s
 }
 #endif
 
-/* The resize's instructions: 0 plain C, 1 AVX2; the best the CPU has, at import. */
+/* The resize's instructions: 0 plain C, 1 AVX2 an output pixel at a time, 2 AVX2 by groups
+ * of four outputs where make_groups takes the taps; the best the CPU has, at import. */
 static int use_simd = 0;
 
 static int best_simd(void) {
 #ifdef HAVE_AVX2
-    if (__builtin_cpu_supports("avx2")) return 1;
+    if (__builtin_cpu_supports("avx2")) return 2;
 #endif
     return 0;
 }
@@ -585,6 +733,10 @@ static void to_planes(const uint8_t *src, size_t stride, int rows, int width, in
 static void resize_across(const uint8_t *src, size_t stride, int rows, const Taps *t, int out_w,
                           uint8_t *dst, size_t dst_stride) {
 #ifdef HAVE_AVX2
+    if (use_simd >= 2 && t->groups) {
+        resize_rows_grouped(src, stride, rows, t, out_w, dst, dst_stride);
+        return;
+    }
     if (use_simd) {
         resize_rows_avx2(src, stride, rows, t, out_w, dst, dst_stride);
         return;
@@ -876,7 +1028,7 @@ static int place(const uint8_t *src, size_t stride, Span down_span, Span across_
     }
     Taps across = {0}, down = {0};
     int ok = 1;
-    if (across_n) ok = make_taps(&across, across_span, out_w);
+    if (across_n) ok = make_taps(&across, across_span, out_w) && (use_simd < 2 || make_groups(&across, out_w));
     if (ok && down_n) ok = make_taps(&down, down_span, out_h);
     if (ok && across_n && down_n) {
         ok = grow((void **)&s->box, &s->box_n, (size_t)bh * out_stride) &&
@@ -1228,9 +1380,9 @@ static PyMethodDef methods[] = {
      "the kernel's own decoder (huffman.c, the default) or libjpeg's; returns the previous "
      "setting. Both give the same pixels (the tests check)."},
     {"set_simd", set_simd, METH_O,
-     "set_simd(level) -> int: the resize's instructions from now on, 0 plain C, 1 AVX2 "
-     "(at most what the CPU has); returns the previous level. Both give the same pixels "
-     "(the tests check)."},
+     "set_simd(level) -> int: the resize's instructions from now on, 0 plain C, 1 AVX2, 2 AVX2 "
+     "by groups of four outputs (at most what the CPU has); returns the previous level. All "
+     "give the same pixels (the tests check)."},
     {"headers", headers, METH_VARARGS,
      "headers(values, out): int64 [n, 8] (parsed, width, height, orientation, frame marker, "
      "precision, components, complete) from each value's JPEG markers; zeros for a value "
