@@ -51,11 +51,15 @@ def test_the_compiled_crcs_are_zlibs_for_every_length_and_alignment() -> None:
     out = np.zeros(len(values), dtype=np.uint32)
     crc32.crcs(values, out)
     assert out.tolist() == [zlib.crc32(v) for v in values]
+    assert [crc32.crc(v) for v in values] == out.tolist()
+    with pytest.raises(TypeError):
+        crc32.crc(42)
 
 
 def test_stored_crcs_are_zlibs_whichever_path_computes_them() -> None:
     values = values_of_every_shape()
     assert checks.stored_crcs(values).tolist() == [zlib.crc32(v) for v in values]
+    assert [checks.stored_crc(v) for v in values] == [zlib.crc32(v) for v in values]
     assert checks.stored_crcs([]).shape == (0,)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from convert.writers.base import Layout, Record
 from convert.writers.spool import JsonList, Spool
 from readers import spec
+from readers.formats.checks import stored_crc
 from readers.spec import StorageKind
 
 __all__ = ["LmdbWriter"]
@@ -57,7 +58,7 @@ class LmdbWriter:
             self.shapes.write(np.array(data.shape, dtype="<i8").tobytes())
             data = data.tobytes()
         else:
-            self.crcs.write(np.array(spec.sample_crc(data), dtype="<u4").tobytes())
+            self.crcs.write(np.array(stored_crc(data), dtype="<u4").tobytes())
         key = spec.SAMPLE_KEY.format(self.n).encode()
         self.n += 1
         self.labels.write(np.array(record.label, dtype="<i8").tobytes())

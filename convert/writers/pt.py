@@ -27,6 +27,7 @@ import torch
 from convert.writers.base import Layout, Record
 from convert.writers.spool import Spool
 from readers import spec
+from readers.formats.checks import stored_crc
 from readers.spec import StorageKind
 
 __all__ = ["PtWriter"]
@@ -82,7 +83,7 @@ class PtWriter:
             self.data_bytes += len(data)
             self._put(spec.PT_OFFSETS, self.data_bytes)
         if spec.PT_CRCS in self.spools:
-            self._put(spec.PT_CRCS, spec.sample_crc(data))
+            self._put(spec.PT_CRCS, stored_crc(data))
         self.n += 1
 
     def close(self) -> list[str]:

@@ -29,7 +29,7 @@ import numpy as np
 from readers.compiled import compiled_off
 from readers.spec import DatasetError, sample_crc
 
-__all__ = ["SampleCrcs", "npy_pixels", "raw_pixels", "stored_crcs"]
+__all__ = ["SampleCrcs", "npy_pixels", "raw_pixels", "stored_crc", "stored_crcs"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,14 @@ def stored_crcs(values: Sequence[bytes | memoryview]) -> np.ndarray:
     out = np.empty(len(values), dtype=np.uint32)
     compiled.crcs(values if isinstance(values, list) else list(values), out)
     return out
+
+
+def stored_crc(value: bytes | memoryview) -> int:
+    """:func:`readers.spec.sample_crc` of one encoded value, by the compiled CRC-32 where it is
+    built (what the converter's writers record, a sample at a time: ~2.5 µs for 25 KB where
+    ``zlib.crc32`` takes ~8)."""
+    compiled = _compiled_crcs()
+    return sample_crc(value) if compiled is None else compiled.crc(value)
 
 
 class SampleCrcs:

@@ -4,6 +4,7 @@
  * two decode threads then hand it back and forth once a sample).
  *
  *   crcs(values, out)  out[k] = zlib.crc32(values[k]) (uint32 [n]) for bytes-like values.
+ *   crc(value)         zlib.crc32(value) of one (the converter's writers, a sample at a time).
  *
  * zlib's CRC (reflected polynomial 0xEDB88320). With PCLMULQDQ (x86-64 since 2010): four
  * 128-bit lanes folded by carry-less multiplication, then a Barrett reduction (Intel's "Fast
@@ -118,6 +119,18 @@ static PyObject *crcs(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *crc(PyObject *self, PyObject *value) {
+    Py_buffer view;
+    uint32_t out;
+    (void)self;
+    if (PyObject_GetBuffer(value, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    out = crc32_of(view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS;
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(out);
+}
+
 static int best_clmul(void) {
 #ifdef HAVE_CLMUL
     return __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
@@ -127,6 +140,7 @@ static int best_clmul(void) {
 }
 
 static PyMethodDef methods[] = {
+    {"crc", crc, METH_O, "crc(value) -> int: zlib.crc32(value) of one bytes-like value, the GIL released."},
     {"crcs", crcs, METH_VARARGS,
      "crcs(values, out): out[k] = zlib.crc32(values[k]) for a list of bytes-like values, into "
      "a uint32 buffer of len(values), the GIL released."},

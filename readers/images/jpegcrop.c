@@ -5,7 +5,7 @@
  * Three entry points, all run with the GIL released:
  *   headers(values, out)  one row of HEADER_FIELDS int64 per value, from the markers alone
  *                         (the walk of readers.images.jpeg.jpeg_header, plus the frame's
- *                         type, precision and components);
+ *                         type, precision and components, and whether the kernel takes it);
  *   crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar[, next]]]])
  *                         for each row in `rows`: decode the box `boxes[row]` of the JPEG
  *                         `values[row]` (of the size `sizes[row]`) with libjpeg
@@ -50,9 +50,10 @@
 
 #include "huffman.h"
 
-enum { HEADER_FIELDS = 8 };
-/* Columns of headers(): whether the markers parse, then what they say. */
-enum { H_PARSED, H_WIDTH, H_HEIGHT, H_ORIENTATION, H_FRAME, H_PRECISION, H_COMPONENTS, H_COMPLETE };
+enum { HEADER_FIELDS = 9 };
+/* Columns of headers(): whether the markers parse, then what they say, then whether crop()
+ * takes the JPEG (takes()). */
+enum { H_PARSED, H_WIDTH, H_HEIGHT, H_ORIENTATION, H_FRAME, H_PRECISION, H_COMPONENTS, H_COMPLETE, H_TAKES };
 
 enum {
     CROP_OK = 0,
@@ -135,6 +136,16 @@ static int starts_with(const uint8_t *data, size_t n, size_t at, const char *pre
 }
 
 /* One value's row of headers(); returns 0 when out of memory (EXIF spread over segments). */
+/* Whether crop() takes a JPEG of these parsed markers (before the caller's pixel limit):
+ * complete, upright, 8-bit Huffman-coded baseline, extended or progressive (SOF0-SOF2), of one
+ * or three components. Everything else goes to the caller's decoder, which judges it. */
+static int64_t takes(const int64_t *h) {
+    int64_t frame = h[H_FRAME], components = h[H_COMPONENTS], orientation = h[H_ORIENTATION];
+    return h[H_COMPLETE] == 1 && h[H_PRECISION] == 8 && frame >= 0xC0 && frame <= 0xC2 &&
+           (components == 1 || components == 3) && (orientation < 2 || orientation > 8) &&
+           h[H_WIDTH] > 0 && h[H_HEIGHT] > 0;
+}
+
 static int read_header(Bytes b, int64_t *out) {
     static const char exif_header[] = "Exif\0\0";
     static const char xmp_header[] = "http://ns.adobe.com/xap/1.0/";
@@ -192,6 +203,7 @@ static int read_header(Bytes b, int64_t *out) {
         out[H_PARSED] = 1;
         out[H_ORIENTATION] = orientation >= 0 ? orientation : xmp_orientation(xmp, xmp_n);
         out[H_COMPLETE] = n >= 2 && d[n - 2] == 0xFF && d[n - 1] == 0xD9;
+        out[H_TAKES] = takes(out);
     } else {
         memset(out, 0, HEADER_FIELDS * sizeof *out);
     }
@@ -1384,8 +1396,8 @@ static PyMethodDef methods[] = {
      "by groups of four outputs (at most what the CPU has); returns the previous level. All "
      "give the same pixels (the tests check)."},
     {"headers", headers, METH_VARARGS,
-     "headers(values, out): int64 [n, 8] (parsed, width, height, orientation, frame marker, "
-     "precision, components, complete) from each value's JPEG markers; zeros for a value "
+     "headers(values, out): int64 [n, 9] (parsed, width, height, orientation, frame marker, "
+     "precision, components, complete, taken) from each value's JPEG markers; zeros for a value "
      "that is not bytes-like or whose markers do not parse."},
     {"crop", crop, METH_VARARGS,
      "crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar[, next]]]]): "

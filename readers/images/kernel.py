@@ -48,9 +48,7 @@ log = logging.getLogger(__name__)
 
 KERNEL_ENV = COMPILED_ENV  # "0" turns the kernel off
 # The columns of jpeg_headers() (the C file's H_* names).
-PARSED, WIDTH, HEIGHT, ORIENTATION, FRAME, PRECISION, COMPONENTS, COMPLETE = range(8)
-# SOF0 baseline, SOF1 extended sequential, SOF2 progressive (Huffman-coded, 8-bit).
-_FRAMES = (0xC0, 0xC1, 0xC2)  # consecutive: kernel_decodes tests the range
+PARSED, WIDTH, HEIGHT, ORIENTATION, FRAME, PRECISION, COMPONENTS, COMPLETE, TAKES = range(9)
 
 
 @cache
@@ -69,9 +67,10 @@ def crop_kernel() -> ModuleType | None:
 
 
 def jpeg_headers(kernel: ModuleType, values: Sequence[Any]) -> np.ndarray:
-    """int64 ``[n, 8]``: per value, whether its JPEG markers parse (else a row of zeros, as
+    """int64 ``[n, 9]``: per value, whether its JPEG markers parse (else a row of zeros, as
     for pixels or other formats), its width, height, EXIF/XMP orientation, frame marker,
-    sample precision, components and whether it ends with EOI."""
+    sample precision, components, whether it ends with EOI, and whether the kernel takes it
+    (:func:`kernel_decodes`, before the pixel limit)."""
     out = np.empty((len(values), kernel.HEADER_FIELDS), dtype=np.int64)
     kernel.headers(list(values), out)
     return out
@@ -79,15 +78,12 @@ def jpeg_headers(kernel: ModuleType, values: Sequence[Any]) -> np.ndarray:
 
 def kernel_decodes(headers: np.ndarray, max_pixels: int | None) -> np.ndarray:
     """Which samples the kernel takes: complete, upright, 8-bit Huffman-coded baseline or
-    progressive JPEGs of one or three components, at most ``max_pixels`` (None: no limit)."""
-    h = headers  # comparisons, not np.isin: this runs per converted image (~10x faster)
-    frame, components, orientation = h[:, FRAME], h[:, COMPONENTS], h[:, ORIENTATION]
-    take = (h[:, PARSED] == 1) & (h[:, COMPLETE] == 1) & (h[:, PRECISION] == 8)
-    take &= (frame >= _FRAMES[0]) & (frame <= _FRAMES[-1])
-    take &= (components == 1) | (components == 3)
-    take &= ((orientation < 2) | (orientation > 8)) & (h[:, WIDTH] > 0) & (h[:, HEIGHT] > 0)
+    progressive JPEGs of one or three components (the C header walk's verdict, so that one
+    converted image costs a comparison, not a dozen NumPy operations), at most ``max_pixels``
+    (None: no limit)."""
+    take = headers[:, TAKES] == 1
     if max_pixels is not None:
-        take &= h[:, WIDTH] * h[:, HEIGHT] <= max_pixels
+        take &= headers[:, WIDTH] * headers[:, HEIGHT] <= max_pixels
     return take
 
 
