@@ -52,6 +52,8 @@ def test_the_compiled_crcs_are_zlibs_for_every_length_and_alignment() -> None:
     crc32.crcs(values, out)
     assert out.tolist() == [zlib.crc32(v) for v in values]
     assert [crc32.crc(v) for v in values] == out.tolist()
+    # a running CRC, piece by piece, as zlib.crc32(piece, crc) keeps one
+    assert [crc32.crc(v, 0xDEADBEEF) for v in values] == [zlib.crc32(v, 0xDEADBEEF) for v in values]
     with pytest.raises(TypeError):
         crc32.crc(42)
 
@@ -60,6 +62,10 @@ def test_stored_crcs_are_zlibs_whichever_path_computes_them() -> None:
     values = values_of_every_shape()
     assert checks.stored_crcs(values).tolist() == [zlib.crc32(v) for v in values]
     assert [checks.stored_crc(v) for v in values] == [zlib.crc32(v) for v in values]
+    whole, crc = b"".join(values), 0
+    for v in values:
+        crc = checks.stored_crc(v, crc)
+    assert crc == zlib.crc32(whole)
     assert checks.stored_crcs([]).shape == (0,)
 
 

@@ -14,9 +14,10 @@ import contextlib
 import json
 import os
 import tempfile
-import zlib
 from pathlib import Path
 from typing import BinaryIO
+
+from readers.formats.checks import stored_crc
 
 __all__ = ["JsonList", "Spool"]
 
@@ -46,7 +47,7 @@ class Spool:
             got = os.preadv(self._file.fileno(), [view], position)
             if got != len(view):
                 raise OSError(f"scratch file of {self.nbytes} bytes ended at {position + got}")
-            crc = zlib.crc32(view, crc)
+            crc = stored_crc(view, crc)
             written = 0
             while written < got:
                 written += os.pwrite(fd, view[written:], offset + position + written)

@@ -21,6 +21,7 @@ import importlib
 import io
 import logging
 import math
+import zlib
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -58,12 +59,13 @@ def stored_crcs(values: Sequence[bytes | memoryview]) -> np.ndarray:
     return out
 
 
-def stored_crc(value: bytes | memoryview) -> int:
-    """:func:`readers.spec.sample_crc` of one encoded value, by the compiled CRC-32 where it is
-    built (what the converter's writers record, a sample at a time: ~2.5 µs for 25 KB where
+def stored_crc(value: bytes | memoryview, start: int = 0) -> int:
+    """``zlib.crc32(value, start)`` (:func:`readers.spec.sample_crc` of an encoded value, or
+    of bytes after those of CRC ``start``), by the compiled CRC-32 where it is built: what
+    the converter's writers record, a sample or a piece at a time (~2.5 µs for 25 KB where
     ``zlib.crc32`` takes ~8)."""
     compiled = _compiled_crcs()
-    return sample_crc(value) if compiled is None else compiled.crc(value)
+    return zlib.crc32(value, start) if compiled is None else compiled.crc(value, start)
 
 
 class SampleCrcs:

@@ -4,7 +4,7 @@
  * two decode threads then hand it back and forth once a sample).
  *
  *   crcs(values, out)  out[k] = zlib.crc32(values[k]) (uint32 [n]) for bytes-like values.
- *   crc(value)         zlib.crc32(value) of one (the converter's writers, a sample at a time).
+ *   crc(value[, start]) zlib.crc32(value, start) of one (the converter's writers).
  *
  * zlib's CRC (reflected polynomial 0xEDB88320). With PCLMULQDQ (x86-64 since 2010): four
  * 128-bit lanes folded by carry-less multiplication, then a Barrett reduction (Intel's "Fast
@@ -79,8 +79,9 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc_clmul(uint32_t stat
 
 static int use_clmul = 0; /* whether the CPU has it, at import */
 
-static uint32_t crc32_of(const uint8_t *p, size_t n) {
-    uint32_t state = 0xFFFFFFFFu;
+/* zlib.crc32(p[:n], start): `start` the CRC of the bytes before these (0 for none). */
+static uint32_t crc32_of(const uint8_t *p, size_t n, uint32_t start) {
+    uint32_t state = ~start;
 #ifdef HAVE_CLMUL
     if (use_clmul && n >= 64) return ~crc_clmul(state, p, n);
 #endif
@@ -109,7 +110,7 @@ static PyObject *crcs(PyObject *self, PyObject *args) {
     if (got == n) {
         uint32_t *crc = out.buf;
         Py_BEGIN_ALLOW_THREADS;
-        for (Py_ssize_t k = 0; k < n; k++) crc[k] = crc32_of(views[k].buf, (size_t)views[k].len);
+        for (Py_ssize_t k = 0; k < n; k++) crc[k] = crc32_of(views[k].buf, (size_t)views[k].len, 0);
         Py_END_ALLOW_THREADS;
     }
     for (Py_ssize_t k = 0; k < got; k++) PyBuffer_Release(&views[k]);
@@ -119,13 +120,14 @@ static PyObject *crcs(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *crc(PyObject *self, PyObject *value) {
+static PyObject *crc(PyObject *self, PyObject *args) {
     Py_buffer view;
+    unsigned int start = 0;
     uint32_t out;
     (void)self;
-    if (PyObject_GetBuffer(value, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (!PyArg_ParseTuple(args, "y*|I", &view, &start)) return NULL;
     Py_BEGIN_ALLOW_THREADS;
-    out = crc32_of(view.buf, (size_t)view.len);
+    out = crc32_of(view.buf, (size_t)view.len, (uint32_t)start);
     Py_END_ALLOW_THREADS;
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLong(out);
@@ -140,7 +142,9 @@ static int best_clmul(void) {
 }
 
 static PyMethodDef methods[] = {
-    {"crc", crc, METH_O, "crc(value) -> int: zlib.crc32(value) of one bytes-like value, the GIL released."},
+    {"crc", crc, METH_VARARGS,
+     "crc(value[, start]) -> int: zlib.crc32(value, start) of one bytes-like value, the GIL "
+     "released."},
     {"crcs", crcs, METH_VARARGS,
      "crcs(values, out): out[k] = zlib.crc32(values[k]) for a list of bytes-like values, into "
      "a uint32 buffer of len(values), the GIL released."},
