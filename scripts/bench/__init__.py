@@ -7,6 +7,7 @@
   the crops in ``crops``); ``loader``: what ``make_loader`` costs, and resuming;
 - ``remote``: object storage against local disk; ``memory``: peak memory;
   ``decode``: one JPEG's decode by decoder; ``sample_checks``: the per-sample checks' cost;
+- ``resize_levels``: the kernel's decode and resize at each of its resize instruction levels;
 - ``ab``: any rate child (``convert_rate``, ``read_rate``) on this tree and on a commit,
   side by side.
 
