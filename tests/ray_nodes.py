@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from convert import ConvertResult, convert_folder
-from scripts.s3_server import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 STARTED = b"Ray runtime started"
@@ -34,24 +34,41 @@ START_S = 60
 NO_AUTH = {"RAY_AUTH_MODE": "disabled"}  # loopback only: no cluster token to hand around
 
 
-def start_node(args: list[str], folder: Path, env: dict[str, str], cpus: int) -> subprocess.Popen:
-    """``ray start --block ...`` in a process group of its own, once it says it started.
+NODE_PORTS = (
+    "--node-manager-port",
+    "--object-manager-port",
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+    "--metrics-export-port",
+)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports nothing listens on, bound all at once: one free port
+    drawn after another can be the same port again, and Ray refuses to start when two of
+    its components share one ("... is trying to use a port number that is used by other
+    components")."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
+def start_node(
+    args: list[str], ports: list[int], folder: Path, env: dict[str, str], cpus: int
+) -> subprocess.Popen:
+    """``ray start --block ...`` in a process group of its own, once it says it started;
+    ``ports`` for its components (NODE_PORTS, in order).
     Its session files go into ``folder`` (short: Ray's socket paths must fit in 107
     bytes), as does the cluster address that ``ray start`` leaves for a bare
     ``ray.init()``: in the default ``/tmp/ray`` it would send every later ``ray.init()``
     on this machine (other tests, other users) to this cluster, stopped."""
     folder.mkdir()
     log = folder / "ray-start.log"
-    ports = [
-        "--node-manager-port",
-        "--object-manager-port",
-        "--dashboard-agent-listen-port",
-        "--dashboard-agent-grpc-port",
-        "--runtime-env-agent-port",
-        "--metrics-export-port",
-    ]
     command = [RAY, "start", "--block", f"--num-cpus={cpus}", "--disable-usage-stats", *args]
-    command += [f"{flag}={free_port()}" for flag in ports]
+    command += [f"{flag}={port}" for flag, port in zip(NODE_PORTS, ports, strict=True)]
     command += [f"--object-store-memory={100 << 20}", f"--temp-dir={folder}"]
     with open(log, "wb") as out:
         node = subprocess.Popen(
@@ -92,16 +109,18 @@ def ray_cluster(
     one CPU that has that resource; their processes started with ``env``. Yields the head's
     address. Only these nodes are stopped afterwards (never ``ray stop``, which stops every
     Ray instance on the machine), and their files removed."""
-    port = free_port()
+    k = len(NODE_PORTS)
+    port, dashboard, *node_ports = free_ports(2 + 2 * k)  # every port of both nodes distinct
     head_args = ["--head", f"--port={port}", "--include-dashboard=false"]
-    head_args += [f"--dashboard-port={free_port()}"]
+    head_args += [f"--dashboard-port={dashboard}"]
     with tempfile.TemporaryDirectory(prefix="imgpack-ray-", dir="/tmp") as folder:
-        nodes = [start_node(head_args, Path(folder, "head"), env, head_cpus)]
+        nodes = [start_node(head_args, node_ports[:k], Path(folder, "head"), env, head_cpus)]
         try:
             address = f"127.0.0.1:{port}"
             if worker_resource is not None:
                 worker_args = [f"--address={address}", f'--resources={{"{worker_resource}": 1}}']
-                nodes.append(start_node(worker_args, Path(folder, "worker"), env, 1))
+                worker = start_node(worker_args, node_ports[k:], Path(folder, "worker"), env, 1)
+                nodes.append(worker)
             yield address
         finally:
             stop_nodes(nodes)
