@@ -13,7 +13,7 @@ import numpy as np
 
 from convert.writers.base import Layout, Record
 from readers import spec
-from readers.formats.checks import stored_crc
+from readers.formats.checks import stored_crcs
 from readers.spec import StorageKind
 
 __all__ = ["Hdf5Writer"]
@@ -87,7 +87,7 @@ class Hdf5Writer:
         if self.shapes is not None:
             self.shapes[i:j] = np.array([r.data.shape for r in recs], dtype=np.int64)
         if self.crcs is not None:
-            self.crcs[i:j] = np.array([stored_crc(r.data) for r in recs], dtype=np.uint32)
+            self.crcs[i:j] = stored_crcs([r.data for r in recs])
         self.labels[i:j] = np.array([r.label for r in recs], dtype=np.int64)
         # Bytes, so that a name that is not valid UTF-8 (surrogate escapes) keeps its bytes.
         self.paths[i:j] = [r.path.encode("utf-8", "surrogateescape") for r in recs]

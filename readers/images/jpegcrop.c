@@ -135,7 +135,6 @@ static int starts_with(const uint8_t *data, size_t n, size_t at, const char *pre
     return at <= n && n - at >= k && memcmp(data + at, prefix, k) == 0;
 }
 
-/* One value's row of headers(); returns 0 when out of memory (EXIF spread over segments). */
 /* Whether crop() takes a JPEG of these parsed markers (before the caller's pixel limit):
  * complete, upright, 8-bit Huffman-coded baseline, extended or progressive (SOF0-SOF2), of one
  * or three components. Everything else goes to the caller's decoder, which judges it. */
@@ -146,6 +145,7 @@ static int64_t takes(const int64_t *h) {
            h[H_WIDTH] > 0 && h[H_HEIGHT] > 0;
 }
 
+/* One value's row of headers(); returns 0 when out of memory (EXIF spread over segments). */
 static int read_header(Bytes b, int64_t *out) {
     static const char exif_header[] = "Exif\0\0";
     static const char xmp_header[] = "http://ns.adobe.com/xap/1.0/";
