@@ -5,19 +5,25 @@ class and the stored bytes come from the manifest (for a folder: the scan and th
 sizes), the image shapes from the manifest when they are fixed, else from the headers of a
 seeded sample of at most ``shape_samples`` images (no decode). :func:`contact_sheet`
 draws, with Pillow, a grid of ``per_class`` seeded samples of each class, one row per
-class, each tile labelled with its class name: a glance tells whether labels and pixels
-are right after a conversion.
+class (the first ``max_rows`` classes unless ``classes`` names them), each tile labelled
+with its class name: a glance tells whether labels and pixels are right after a
+conversion. Labels are drawn in DejaVu Sans, which matplotlib ships (Latin, Greek,
+Cyrillic and more; Pillow's own font has ASCII glyphs only), and a name too long for its
+tile ends in an ellipsis inside it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import logging
 import os
 import random
 import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,10 +35,30 @@ from convert.scan import Sample
 from convert.sources import DatasetSource, SampleSource, open_source
 from readers import spec
 
-__all__ = ["GAP", "LABEL_HEIGHT", "Sheet", "Summary", "contact_sheet", "summarize"]
+__all__ = [
+    "ELLIPSIS",
+    "GAP",
+    "LABEL_FONT_SIZE",
+    "LABEL_HEIGHT",
+    "LABEL_PADDING",
+    "MAX_ROWS",
+    "Sheet",
+    "Summary",
+    "bundled_font",
+    "contact_sheet",
+    "fit_label",
+    "label_font",
+    "summarize",
+]
+
+log = logging.getLogger(__name__)
 
 LABEL_HEIGHT = 16  # pixels of the strip under each tile that names its class
+LABEL_FONT_SIZE = 11  # DejaVu Sans at 11 px: ascent 11 + descent 3 fit the strip
+LABEL_PADDING = 3  # pixels left and right of a label, inside its tile's width
 GAP = 4  # pixels between two cells (a tile and its label)
+MAX_ROWS = 64  # classes drawn unless named: 1,000 rows made a 626 MB sheet
+ELLIPSIS = "…"
 _LAYOUT_ONLY = ConvertOptions(spec.FORMATS[0])  # a folder's scan reads no other option
 
 
@@ -182,13 +208,53 @@ def _shape_stats(shapes: list[tuple[int, ...]]) -> dict[str, Any]:
 
 @dataclass
 class Sheet:
-    """What :func:`contact_sheet` drew: the grid's classes (rows) and its tiles' paths."""
+    """What :func:`contact_sheet` drew: the grid's classes (rows) and its tiles' paths;
+    ``left_out``: the classes not drawn because no ``classes`` were named and the dataset
+    has more than ``max_rows``."""
 
     path: str
     size: tuple[int, int]  # (width, height) in pixels
     classes: list[str]
     tiles: dict[str, list[str]]  # class -> the source paths drawn, in column order
     unreadable: list[str] = field(default_factory=list)
+    left_out: int = 0
+
+
+def bundled_font() -> Path | None:
+    """matplotlib's DejaVu Sans, found without importing matplotlib; None without it."""
+    spec = importlib.util.find_spec("matplotlib")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    font = Path(next(iter(spec.submodule_search_locations)), "mpl-data/fonts/ttf/DejaVuSans.ttf")
+    return font if font.is_file() else None
+
+
+def label_font(size: int = LABEL_FONT_SIZE) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    """The font of the tiles' labels: DejaVu Sans, else Pillow's own with a warning."""
+    font = bundled_font()
+    if font is not None:
+        return ImageFont.truetype(str(font), size)
+    log.warning(
+        "inspect --grid: class names drawn in Pillow's font, which has ASCII glyphs only "
+        "(other letters show as boxes): pip install matplotlib for its DejaVu Sans"
+    )
+    return ImageFont.load_default(size)
+
+
+def fit_label(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> str:
+    """``text`` if it is at most ``width`` pixels long in ``font``, else its longest prefix
+    that fits with an ellipsis after it ("" when not even the ellipsis fits)."""
+    if font.getlength(text) <= width:
+        return text
+    fits, too_long = 0, len(text)  # prefix lengths: the ellipsed one fits / does not
+    while too_long - fits > 1:
+        middle = (fits + too_long) // 2
+        if font.getlength(text[:middle].rstrip() + ELLIPSIS) <= width:
+            fits = middle
+        else:
+            too_long = middle
+    fitted = text[:fits].rstrip() + ELLIPSIS
+    return fitted if font.getlength(fitted) <= width else ""
 
 
 def contact_sheet(
@@ -199,17 +265,20 @@ def contact_sheet(
     classes: Sequence[str] | None = None,
     seed: int = 0,
     tile: int = 96,
+    max_rows: int = MAX_ROWS,
 ) -> Sheet:
-    """Draw ``per_class`` samples of each class of the dataset or folder at ``path`` (all
-    classes, or ``classes``), chosen with ``seed``, into the PNG ``out``: one row per class,
-    each tile the image fitted into ``tile`` pixels and labelled with its class name."""
-    if per_class < 1 or tile < 16:
+    """Draw ``per_class`` samples of each class of the dataset or folder at ``path`` (the
+    first ``max_rows`` classes, or those ``classes`` names), chosen with ``seed``, into the
+    PNG ``out``: one row per class, each tile the image fitted into ``tile`` pixels and
+    labelled with its class name."""
+    if per_class < 1 or tile < 16 or max_rows < 1:
         raise ValueError(
-            f"--per-class must be 1 or more and --tile 16 or more, not {per_class}, {tile}"
+            "--per-class and --max-rows must be 1 or more and --tile 16 or more, not "
+            f"{per_class}, {max_rows}, {tile}"
         )
     source = open_source(path)
     scan = source.scan(_LAYOUT_ONLY)
-    names = list(classes) if classes else list(scan.classes)
+    names = list(classes) if classes else list(scan.classes[:max_rows])
     unknown = [c for c in names if c not in scan.classes]
     if unknown:
         raise ValueError(
@@ -225,24 +294,26 @@ def contact_sheet(
         rows.append(random.Random(f"{seed}:{name}").sample(members, min(per_class, len(members))))
     cell_width, cell_height = tile + GAP, tile + LABEL_HEIGHT + GAP
     sheet = Image.new("RGB", (per_class * cell_width, len(names) * cell_height), (32, 32, 32))
-    draw, font = ImageDraw.Draw(sheet), ImageFont.load_default()
-    result = Sheet(str(out), sheet.size, names, {})
+    draw, font = ImageDraw.Draw(sheet), label_font()
+    text_width = tile - 2 * LABEL_PADDING
+    left_out = 0 if classes else len(scan.classes) - len(names)
+    result = Sheet(str(out), sheet.size, names, {}, left_out=left_out)
     reader = source.reader()
     for row, (name, chosen) in enumerate(zip(names, rows, strict=True)):
         result.tiles[name] = [s.relpath for s in chosen]
+        label = fit_label(name, font, text_width)
         for column, (sample, stored) in enumerate(zip(chosen, reader.read(chosen), strict=True)):
             left, top = column * cell_width + GAP // 2, row * cell_height + GAP // 2
             thumb = _thumbnail(stored, tile)
             if thumb is None:
                 result.unreadable.append(sample.relpath)
-                draw.text((left + 4, top + tile // 2), "unreadable", fill=(255, 80, 80), font=font)
+                said = fit_label("unreadable", font, text_width)
+                draw.text((left + LABEL_PADDING, top + tile // 2), said, (255, 80, 80), font)
             else:
                 sheet.paste(
                     thumb, (left + (tile - thumb.width) // 2, top + (tile - thumb.height) // 2)
                 )
-            draw.text(
-                (left + 3, top + tile + 2), name[: tile // 6], fill=(240, 240, 240), font=font
-            )
+            draw.text((left + LABEL_PADDING, top + tile + 2), label, (240, 240, 240), font)
     sheet.save(out, format="PNG")
     return result
 

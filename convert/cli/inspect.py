@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from convert.inspect import contact_sheet, summarize
+from convert.inspect import MAX_ROWS, contact_sheet, summarize
 
 __all__ = ["inspect"]
 
@@ -27,7 +27,16 @@ __all__ = ["inspect"]
 @click.option(
     "--classes",
     metavar="NAME,...",
-    help="The classes to draw, comma-separated, in this order [default: every class].",
+    help="The classes to draw, comma-separated, in this order [default: the first "
+    "--max-rows classes].",
+)
+@click.option(
+    "--max-rows",
+    type=int,
+    default=MAX_ROWS,
+    show_default=True,
+    metavar="N",
+    help="Classes drawn, one row each, when --classes does not name them.",
 )
 @click.option("--tile", type=int, default=96, show_default=True, metavar="PX", help="Tile size.")
 @click.option(
@@ -48,6 +57,7 @@ def inspect(
     per_class: int,
     classes: str | None,
     tile: int,
+    max_rows: int,
     seed: int,
     shape_samples: int,
     as_json: bool,
@@ -61,9 +71,25 @@ def inspect(
     out, text = summary.to_json(), summary.describe()
     if grid is not None:
         chosen = [c.strip() for c in classes.split(",") if c.strip()] if classes else None
-        sheet = contact_sheet(path, grid, per_class=per_class, classes=chosen, seed=seed, tile=tile)
-        out["grid"] = {"path": sheet.path, "size": list(sheet.size), "tiles": sheet.tiles}
+        sheet = contact_sheet(
+            path, grid, per_class=per_class, classes=chosen, seed=seed, tile=tile, max_rows=max_rows
+        )
+        out["grid"] = {
+            "path": sheet.path,
+            "size": list(sheet.size),
+            "tiles": sheet.tiles,
+            "classes_left_out": sheet.left_out,
+        }
         tiles = sum(map(len, sheet.tiles.values()))
         note = f"; {len(sheet.unreadable)} unreadable" if sheet.unreadable else ""
         text += f"\ngrid       {grid}: {tiles} tiles, {sheet.size[0]}x{sheet.size[1]} px{note}"
+        if sheet.left_out:  # on stderr too with --json
+            total = len(sheet.classes) + sheet.left_out
+            capped = (
+                f"grid: the first {len(sheet.classes)} of {total:,} classes, one "
+                "row each: name the ones to draw with --classes NAME,... (or raise --max-rows)"
+            )
+            text += f"\n{capped}"
+            if as_json:
+                click.echo(capped, err=True)
     click.echo(json.dumps(out, indent=1) if as_json else text)
