@@ -1,0 +1,94 @@
+"""``imgpack --help`` and ``--version`` start without torch (1.5 s of imports, 0.05 s without).
+
+The command's modules load when their command runs (``convert.cli.COMMANDS``), and the public
+names of ``readers`` and ``convert`` are imported on first use (PEP 562), so these tests pin
+what that laziness must keep: each lazy table lists exactly what the package's
+``TYPE_CHECKING`` block imports and its ``__all__`` names, and every name and command
+resolves to the real object.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import convert
+import readers
+from convert.cli import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = """
+import sys
+from convert.cli import main
+try:
+    main([{flag!r}])
+except SystemExit as e:
+    assert e.code == 0, e.code
+print("torch imported:", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_and_version_do_not_import_torch(flag: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", PROBE.format(flag=flag)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.rstrip().endswith("torch imported: False"), run.stdout
+    expected = f"version {readers.__version__}" if flag == "--version" else "Commands:"
+    assert expected in run.stdout
+
+
+def test_help_lists_every_command_and_each_loads_when_it_runs() -> None:
+    listed = CliRunner().invoke(main, ["--help"]).output
+    for name, (module, short_help) in COMMANDS.items():
+        assert f"  {name} " in listed and short_help in listed
+        command = getattr(importlib.import_module(module), name)
+        assert isinstance(command, click.Command) and command.name == name
+        shown = CliRunner().invoke(main, [name, "--help"])
+        assert shown.exit_code == 0 and f"Usage: main {name}" in shown.output
+    unknown = CliRunner().invoke(main, ["nosuch"])
+    assert unknown.exit_code == 2 and "No such command 'nosuch'" in unknown.output
+
+
+def type_checking_imports(package: str) -> dict[str, str]:
+    """``{name: module}`` of the ``if TYPE_CHECKING:`` block of ``package``'s ``__init__``."""
+    tree = ast.parse((ROOT / package / "__init__.py").read_text(encoding="utf-8"))
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    return {
+        alias.name: node.module or ""
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+@pytest.mark.parametrize("package", [readers, convert], ids=lambda p: p.__name__)
+def test_lazy_names_are_the_typed_ones_and_resolve_to_their_objects(package) -> None:
+    table = package._EXPORTS
+    assert table == type_checking_imports(package.__name__)
+    assert sorted(table) == sorted(package.__all__)
+    for name, module in table.items():
+        assert getattr(package, name) is getattr(importlib.import_module(module), name)
+    with pytest.raises(AttributeError, match="has no attribute 'nosuch'"):
+        package.nosuch  # noqa: B018 (the lookup is the test)
+
+
+def test_readers_still_binds_its_subpackages_by_name() -> None:
+    assert readers.spec is importlib.import_module("readers.spec")
+    assert "open_dataset" in dir(readers)
