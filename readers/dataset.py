@@ -9,10 +9,10 @@ with a batch's indices) and :meth:`ImageDataset.read_stored`.
 
 from __future__ import annotations
 
-import operator
 import os
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import accumulate, groupby
 from typing import Any, ClassVar
 
@@ -29,6 +29,8 @@ from readers.images.crop import Crop
 from readers.images.decode import decode_image
 from readers.images.fused import crop_parts
 from readers.images.pool import DecodePool
+from readers.images.whole import decode_batch
+from readers.index import as_index
 from readers.manifest import Manifest, load_manifest
 from readers.spec import DatasetError, StorageKind
 from readers.storage.location import Location
@@ -154,8 +156,17 @@ class ImageDataset(ImageFolderAttributes, Dataset):
             images = new_batch((len(located), channels, height, width), torch.uint8)
             self._gather_pixels(located, images.permute(0, 2, 3, 1))
             return SampleBatch(images, labels)
-        images = stack_images(lambda row: self._load(*located[row]), len(located), self._map)
-        return SampleBatch(images, labels)
+        values = self._read_located(located)
+        whole = self._decode_whole(values, located) if self.decode and self.crop is None else None
+        if whole is not None and self.transform is None:
+            return SampleBatch(whole, labels)
+
+        def load(row: int) -> Any:
+            if whole is None:
+                return self._decode(values[row], *located[row])
+            return self.transform(whole[row])  # type: ignore[misc]
+
+        return SampleBatch(stack_images(load, len(located), self._map), labels)
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s random crops (``crop=``); :class:`readers.EpochSampler`
@@ -199,19 +210,8 @@ class ImageDataset(ImageFolderAttributes, Dataset):
 
     def locate(self, index: Any) -> tuple[int, int]:
         """Shard and local index of ``index``: an int, a NumPy integer, or a 0-d integer
-        tensor or array (what ``Subset`` over a tensor of indices passes)."""
-        dtype = getattr(index, "dtype", None)
-        boolean = isinstance(index, bool) or dtype in (torch.bool, np.bool_)
-        try:
-            if boolean or getattr(index, "ndim", 0) != 0:
-                raise TypeError
-            index = operator.index(index)
-        except TypeError:
-            kind = type(index).__name__ + (f" of {dtype}" if dtype is not None else "")
-            raise TypeError(
-                f"{self.root}: indices must be integers, not {kind} "
-                "(for a subset, use torch.utils.data.Subset(ds, indices))"
-            ) from None
+        tensor or array (:func:`readers.index.as_index`)."""
+        index = as_index(index, self.root)
         n = len(self)
         position = index + n if index < 0 else index
         if not 0 <= position < n:
@@ -243,9 +243,6 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         return reader
 
     # --- internals ----------------------------------------------------------------------
-    def _load(self, shard: int, local: int) -> Any:
-        return self._decode(self.shard(shard).read(local), shard, local)
-
     def _decode(self, value: Any, shard: int, local: int) -> Any:
         """A stored value of local sample ``local`` of ``shard`` as the image it serves."""
         if self.crop is None:
@@ -270,7 +267,7 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         """Decode, crop and resize each sample into its HWC row of ``rows``, from its stored
         value (read here as :meth:`read_stored` reads, unless ``values`` are given): see
         :func:`readers.images.fused.crop_parts`. Every shard is opened here first."""
-        verified = all(self.shard(s).verified for s in {s for s, _ in located})
+        verified = self._verified(located)  # every shard opened
         if values is None:
             values = self._read_located(located)
         crop_parts(
@@ -283,6 +280,22 @@ class ImageDataset(ImageFolderAttributes, Dataset):
             self._pool,
             self.decode_threads or default_decode_threads(),
         )
+
+    def _decode_whole(self, values: list[Any], located: list[tuple[int, int]]) -> Any:
+        """:func:`readers.images.whole.decode_batch` of these samples (None: not taken);
+        for ``transform``, into a batch of its own, never a pooled buffer."""
+        return decode_batch(
+            values,
+            self._verified(located),
+            lambda row: self._to_tensor(values[row], *located[row]),
+            None if self.transform is not None else partial(new_batch, dtype=torch.uint8),
+            self._pool,
+            self.decode_threads or default_decode_threads(),
+        )
+
+    def _verified(self, located: list[tuple[int, int]]) -> bool:
+        """Whether every shard of these samples is :attr:`ShardReader.verified`."""
+        return all(self.shard(s).verified for s in {s for s, _ in located})
 
     def _where(self, shard: int, local: int) -> str:
         return f"{self.manifest.shard_path(shard)}[{local}]"

@@ -28,7 +28,7 @@ from readers.images.crop import Crop
 from readers.manifest import load_manifest
 from readers.storage.location import Location
 
-__all__ = ["Loader", "make_loader"]
+__all__ = ["Loader", "make_loader", "with_read_options"]
 
 _OWN_ARGUMENTS = ("sampler", "batch_sampler", "shuffle")
 
@@ -176,7 +176,8 @@ def make_loader(
             or remote storage) instead of by random access.
         shuffle_buffer: the stream's shuffle window, in samples.
         transform, decode_threads, decode, crop: passed to the dataset (see
-            :class:`ImageDataset`); ``decode=False`` serves encoded samples undecoded, for
+            :class:`ImageDataset`; to one already opened too, see
+            :func:`with_read_options`); ``decode=False`` serves encoded samples undecoded, for
             ``DevicePrefetcher(loader, gpu_decode=True)``, batched as lists; ``crop`` (a
             :class:`readers.RandomResizedCrop` or :class:`readers.CenterCrop`) is done
             inside the decode, with new random crops every epoch.
@@ -193,6 +194,14 @@ def make_loader(
         raise ValueError(f"make_loader chooses {', '.join(taken)} itself; do not pass it")
     placement = Placement.for_loader(distributed, rank, world_size)
     path, indices = _unwrap_subset(path, indices)
+    if isinstance(path, ImageDataset):
+        path = with_read_options(path, transform, decode_threads, decode, crop)
+        transform, decode_threads, decode, crop = (
+            path.transform,
+            path.decode_threads,
+            path.decode,
+            path.crop,
+        )
     dataloader_kwargs.setdefault("collate_fn", collate if decode else collate_any)
     source: EpochSampler | WdsStream
     if stream:
@@ -208,6 +217,11 @@ def make_loader(
             manifest = load_manifest(location)
         if manifest.format != "wds":
             raise ValueError(f"{manifest.location}: stream=True reads wds datasets only")
+        if decode_threads not in (None, 1):
+            raise ValueError(
+                f"decode_threads={decode_threads}: stream=True decodes on one thread per "
+                "DataLoader worker; drop decode_threads= and raise num_workers="
+            )
         source = WdsStream(
             manifest,
             storage_options=storage_options,
@@ -255,6 +269,39 @@ def make_loader(
         )
 
     return Loader(source, make_dataloader)
+
+
+def with_read_options(
+    dataset: ImageDataset,
+    transform: Transform | None,
+    decode_threads: int | None,
+    decode: bool,
+    crop: Crop | None,
+) -> ImageDataset:
+    """``dataset`` as :func:`make_loader` reads it: with the read options given to
+    ``make_loader`` as well as its own, on a new dataset over the same manifest (the one
+    passed is left as it is). Each option is taken from whichever of the two sets it.
+
+    Raises:
+        ValueError: naming the option that ``make_loader`` and the dataset both set,
+            differently; or as :class:`ImageDataset` for ``transform``/``crop`` without
+            decoding.
+    """
+    given = {"transform": transform, "decode_threads": decode_threads, "crop": crop}
+    chosen: dict[str, Any] = {}
+    for name, value in given.items():
+        own = getattr(dataset, name)
+        if value is not None and own is not None and value is not own and value != own:
+            shown = [repr(v) if isinstance(v, int) else type(v).__name__ for v in (value, own)]
+            raise ValueError(
+                f"make_loader({name}={shown[0]}) over a dataset opened with another {name}= "
+                f"({shown[1]}): pass {name}= to one of them"
+            )
+        chosen[name] = own if value is None else value
+    chosen["decode"] = dataset.decode and decode
+    if all(getattr(dataset, name) is value for name, value in chosen.items()):
+        return dataset
+    return type(dataset)(dataset.manifest, opener=dataset.opener, **chosen)
 
 
 def _unwrap_subset(

@@ -1,0 +1,199 @@
+"""The plain read path (no ``crop=``) of a dataset stored at its training size: whole
+batches of JPEGs of one size go through the compiled kernel (:mod:`readers.images.whole`),
+with the pixels every other path gives (``ds[i]``, the per-sample path with
+``IMGPACK_KERNEL=0``, DataLoader workers), ``transform=`` seeing those same images, and
+batches that mix in other images (a PNG, another size) still served whole or as a list."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import readers
+import readers.dataset
+from convert import ConvertOptions, convert_folder
+from readers.images.kernel import crop_kernel
+from readers.images.pool import DecodePool
+from readers.images.whole import decode_batch
+from tests.photos import encode, photo_crop
+
+ROOT = Path(__file__).resolve().parent.parent
+SIDE = 32  # stored size: --resize 40 --center-crop 32
+FORMATS = ("pt", "wds", "lmdb", "hdf5")
+COUNT = 14
+
+needs_kernel = pytest.mark.skipif(crop_kernel() is None, reason="the crop kernel is not built")
+
+
+def photo_source(src: Path, sizes: list[tuple[int, int]], png: set[int] = frozenset()) -> Path:
+    """Photo crops of ``sizes`` in two class folders; the rows in ``png`` as PNGs."""
+    for i, (height, width) in enumerate(sizes):
+        folder = src / f"class{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = photo_crop(height, width, seed=i)
+        name, data = (f"{i:02d}.png", encode(pixels, "PNG")) if i in png else (f"{i:02d}.jpg", None)
+        (folder / name).write_bytes(data or encode(pixels, quality=90))
+    return src
+
+
+@pytest.fixture(scope="module")
+def stored_at_size(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each format's dataset of COUNT photos converted to SIDE x SIDE JPEGs."""
+    src = photo_source(
+        tmp_path_factory.mktemp("plain-src"), [(60 + i, 50 + 2 * i) for i in range(COUNT)]
+    )
+    roots = {}
+    for fmt in FORMATS:
+        dst = tmp_path_factory.mktemp(f"plain-{fmt}") / "dst"
+        options = ConvertOptions(fmt, resize=40, center_crop=SIDE, shard_size=5)
+        convert_folder(src, dst, options, workers=1, progress=False)
+        roots[fmt] = dst
+    return roots
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Original files: JPEGs of one size, a PNG of that size (row 3), and a JPEG of
+    another size (row 5)."""
+    sizes = [(SIDE, SIDE)] * 5 + [(SIDE + 8, SIDE)] + [(SIDE, SIDE)] * 2
+    src = photo_source(tmp_path_factory.mktemp("mixed-src"), sizes, png={3})
+    dst = tmp_path_factory.mktemp("mixed") / "dst"
+    convert_folder(src, dst, ConvertOptions("pt", encoding="original"), workers=1, progress=False)
+    return dst
+
+
+def digest(images: torch.Tensor) -> str:
+    return hashlib.sha256(images.contiguous().numpy().tobytes()).hexdigest()
+
+
+def one_by_one(ds: readers.ImageDataset, indices: list[int]) -> torch.Tensor:
+    return torch.stack([ds[i][0] for i in indices])
+
+
+class Counted:
+    """``readers.dataset.decode_image``, counting its calls: the per-sample decodes."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.decode = readers.dataset.decode_image
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.decode(*args, **kwargs)
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_batch_of_one_size_decodes_in_the_kernel_with_the_same_pixels(
+    stored_at_size, fmt, monkeypatch
+) -> None:
+    ds = readers.open_dataset(stored_at_size[fmt])
+    indices = [3, 0, 13, 7, 6, 12, 1]  # across shards, out of order
+    want = one_by_one(ds, indices)
+    counted = Counted()
+    monkeypatch.setattr(readers.dataset, "decode_image", counted)
+    images, labels = readers.collate(ds.__getitems__(indices))
+    assert counted.calls == 0  # no per-sample decode: one kernel batch
+    assert images.shape == (len(indices), 3, SIDE, SIDE)
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(images, want)
+    assert labels.tolist() == [ds[i][1] for i in indices]
+
+
+def kernel_off_digest(root: Path, indices: list[int]) -> str:
+    """The batch's digest read in a process with ``IMGPACK_KERNEL=0`` (per sample)."""
+    code = (
+        "import hashlib, json, sys, readers\n"
+        "ds = readers.open_dataset(sys.argv[1])\n"
+        "images, _ = readers.collate(ds.__getitems__(json.loads(sys.argv[2])))\n"
+        "print(hashlib.sha256(images.contiguous().numpy().tobytes()).hexdigest())\n"
+    )
+    env = {**os.environ, "IMGPACK_KERNEL": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root), json.dumps(indices)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.split()[-1]
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", ["pt", "wds"])
+def test_kernel_batches_equal_the_python_path(stored_at_size, fmt) -> None:
+    ds = readers.open_dataset(stored_at_size[fmt])
+    indices = list(range(len(ds)))
+    images, _ = readers.collate(ds.__getitems__(indices))
+    assert digest(images) == kernel_off_digest(stored_at_size[fmt], indices)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_make_loader_serves_the_samples_ds_i_does(stored_at_size, workers) -> None:
+    root = stored_at_size["lmdb"]
+    ds = readers.open_dataset(root)
+    want = sorted(digest(ds[i][0]) for i in range(len(ds)))
+    loader = readers.make_loader(root, 4, num_workers=workers, decode_threads=1)
+    got = sorted(digest(image) for images, _ in loader for image in images)
+    assert got == want
+
+
+def test_transform_sees_the_decoded_images_once_each(stored_at_size) -> None:
+    seen: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def shift(image: torch.Tensor) -> torch.Tensor:
+        seen.append((tuple(image.shape), image.dtype))
+        return image.to(torch.int16) + 1
+
+    plain = readers.open_dataset(stored_at_size["pt"])
+    ds = readers.open_dataset(stored_at_size["pt"], transform=shift)
+    indices = [9, 2, 4, 11]
+    images, _ = readers.collate(ds.__getitems__(indices))
+    assert seen == [((3, SIDE, SIDE), torch.uint8)] * len(indices)
+    assert images.dtype == torch.int16
+    assert torch.equal(images, one_by_one(plain, indices).to(torch.int16) + 1)
+
+
+def test_a_png_of_the_size_joins_the_batch_another_size_makes_a_list(mixed) -> None:
+    ds = readers.open_dataset(mixed)
+    by_path = {Path(ds.source_path(i)).name: i for i in range(len(ds))}
+    same = [by_path[f"{k:02d}.{'png' if k == 3 else 'jpg'}"] for k in (0, 3, 1, 7)]
+    images, _ = readers.collate(ds.__getitems__(same))
+    assert isinstance(images, torch.Tensor) and torch.equal(images, one_by_one(ds, same))
+    other = [*same[:2], by_path["05.jpg"]]
+    batch = ds.__getitems__(other)
+    assert isinstance(batch.images, list)
+    for image, i in zip(batch.images, other, strict=True):
+        assert torch.equal(image, ds[i][0])
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"quality": 90},
+        {"quality": 75, "progressive": True},
+        {"quality": 95, "subsampling": 0},
+        {"quality": 85, "subsampling": 1},
+    ],
+    ids=["baseline-420", "progressive", "444", "422"],
+)
+def test_unverified_bytes_decode_as_turbojpeg_does(params) -> None:
+    values = [encode(photo_crop(37, 53, seed=k), **params) for k in range(5)]
+    values.append(encode(Image.fromarray(photo_crop(37, 53, seed=9)).convert("L"), **params))
+    want = np.stack([readers.decode_image(v) for v in values])  # TurboJPEG, unverified
+    images = decode_batch(
+        values, False, lambda row: 1 / 0, None, DecodePool(), threads=2
+    )  # no fallback: the kernel takes every one
+    assert isinstance(images, torch.Tensor)
+    np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), want)
