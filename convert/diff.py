@@ -6,7 +6,10 @@ whose classes were renumbered still matches) and the class lists themselves; the
 pixels of every matched pair, decoded as the readers serve them, as the mean absolute
 difference per sample in levels of 0-255. Two ``raw`` datasets compare their stored pixels
 (no decode); a pair whose shapes differ is a difference of its own. Equal content
-checksums answer at once, without reading a sample (:attr:`DiffReport.checksum_match`).
+checksums answer without decoding a sample (:attr:`DiffReport.checksum_match`), but only
+once every shard of both sides has the size and SHA-256 its manifest records (what
+``imgpack verify`` checks first): a copy damaged after its manifest was written is an error
+naming its shards, never "equivalent".
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from tqdm import tqdm
 
 import readers
 from convert.options import default_workers
+from convert.verify import check_stored_files
 from readers import spec
+from readers.spec import DatasetError
 
 __all__ = ["DEFAULT_TOLERANCE", "DiffReport", "PixelDiff", "diff_datasets"]
 
@@ -85,6 +90,28 @@ class DiffReport:
             or not self.same_classes
         )
 
+    def classes_differ(self, shown: int = 5) -> str:
+        """Which classes differ: the names only one side has, or else the first position
+        where the same names stand in another order."""
+        in_b, in_a = set(self.classes_b), set(self.classes_a)
+        only = [
+            f"only in {name}: {_listed(names, shown)}"
+            for name, names in (
+                ("A", [c for c in self.classes_a if c not in in_b]),
+                ("B", [c for c in self.classes_b if c not in in_a]),
+            )
+            if names
+        ]
+        if only:
+            return "; ".join(only)
+        i = next(
+            i for i, (x, y) in enumerate(zip(self.classes_a, self.classes_b, strict=True)) if x != y
+        )
+        return (
+            f"the same {len(self.classes_a)} names in another order, from label {i}: "
+            f"{self.classes_a[i]!r} in A, {self.classes_b[i]!r} in B"
+        )
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(equivalent=self.equivalent, same_classes=self.same_classes)
@@ -98,7 +125,7 @@ class DiffReport:
             lines.append("content checksums are equal: the same samples, labels and pixels")
             return "\n".join(lines)
         if not self.same_classes:
-            lines.append(f"classes differ: {_listed(self.classes_a)} vs {_listed(self.classes_b)}")
+            lines.append(f"classes differ: {self.classes_differ(shown)}")
         for name, paths in (("A", self.only_in_a), ("B", self.only_in_b)):
             if paths:
                 lines.append(f"only in {name}: {len(paths)} sample(s): {_listed(paths, shown)}")
@@ -122,7 +149,7 @@ class DiffReport:
             f"{self.identical} identical; mean abs diff {self.mean_diff:.2f}, max "
             f"{self.max_diff:.2f}; {self.over_tolerance} over the tolerance {self.tolerance:g}"
         )
-        if self.worst and self.worst[0].mean_abs_diff > 0:
+        if self.worst:
             lines.append("worst:")
             lines += [f"  {w.path}  {w.mean_abs_diff:.2f}" for w in self.worst[:shown]]
         return "\n".join(lines)
@@ -147,8 +174,9 @@ def diff_datasets(
     ``workers`` threads (default: the usable CPUs).
 
     Raises:
-        ValueError (DatasetError, StorageError): a dataset cannot be read, or its source
-            paths repeat so that they cannot match samples (use ``by_index``).
+        ValueError (DatasetError, StorageError): a dataset cannot be read, a shard is not
+            what its manifest says (on the checksum path), or source paths repeat so that
+            they cannot match samples (use ``by_index``).
     """
     if tolerance < 0:
         raise ValueError(f"tolerance must be 0 or more, not {tolerance}")
@@ -164,6 +192,8 @@ def diff_datasets(
         classes_b=list(mb.classes),
     )
     if ma.content_sha256 and ma.content_sha256 == mb.content_sha256 and report.same_classes:
+        for ds in (da, db):  # the checksums speak for the shards only if these are intact
+            _check_stored(ds, workers)
         report.checksum_match = True
         report.matched = report.compared = report.identical = len(da)
         return report
@@ -194,8 +224,22 @@ def diff_datasets(
     if diffs:
         report.max_diff = max(d.mean_abs_diff for d in diffs)
         report.mean_diff = sum(d.mean_abs_diff for d in diffs) / len(diffs)
-    report.worst = sorted(diffs, key=lambda d: -d.mean_abs_diff)[:worst]
+    report.worst = sorted(
+        (d for d in diffs if d.mean_abs_diff > 0), key=lambda d: -d.mean_abs_diff
+    )[:worst]
     return report
+
+
+def _check_stored(ds: readers.ImageDataset, workers: int | None) -> None:
+    """Each shard of ``ds`` of the size and SHA-256 its manifest records (what ``imgpack
+    verify`` checks first), or a DatasetError naming the damaged shards."""
+    problems = [str(p) for shard in check_stored_files(ds, workers) for p in shard]
+    if problems:
+        more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        raise DatasetError(
+            "; ".join(problems[:3])
+            + f"{more} (imgpack verify {ds.manifest.location} lists every problem)"
+        )
 
 
 def _match(

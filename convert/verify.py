@@ -27,9 +27,10 @@ from readers import DATASETS, spec
 from readers.dataset import ImageDataset, ShardReader
 from readers.images.decode import decode_image
 from readers.manifest import Manifest, load_manifest
-from readers.storage.remote import StorageError
+from readers.storage.location import Location
+from readers.storage.remote import RemoteFolder, StorageError
 
-__all__ = ["Problem", "VerifyReport", "verify_dataset"]
+__all__ = ["Problem", "VerifyReport", "check_stored_files", "verify_dataset"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,16 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.where}: {self.what}"
+
+    @classmethod
+    def of(cls, error: Exception, where: str, names: tuple[str, ...], what: str = "") -> Problem:
+        """The problem a reader's error describes, found at ``where``: when its text starts
+        by naming a file (``file: reason``) under one of ``names`` (the dataset's URL or
+        folders), that file, named once, and the reason; ``what`` goes before the reason."""
+        named, sep, reason = str(error).partition(": ")
+        if sep and named.startswith(names):
+            return cls(named, what + reason)
+        return cls(where, what + str(error))
 
 
 @dataclass
@@ -69,16 +80,17 @@ def verify_dataset(
     except StorageError:
         raise  # nothing was checked: no problem of the dataset's
     except (spec.DatasetError, ValueError, OSError) as e:
-        report.problems.append(Problem(f"{root}/{spec.MANIFEST_NAME}", str(e)))
+        where = f"{root}/{spec.MANIFEST_NAME}"
+        report.problems.append(Problem.of(e, where, (os.fspath(root), os.path.abspath(root))))
         return report
     report.shards = len(manifest.shards)
     _check_totals(manifest, report)
     dataset = DATASETS[manifest.format](manifest)
-    intact = [
-        k
-        for k in range(len(manifest.shards))
-        if _cached(dataset, k, report) and _check_files(manifest, k, report)
-    ]
+    intact = []
+    for k, problems in enumerate(check_stored_files(dataset)):
+        report.problems += problems
+        if not problems:
+            intact.append(k)
     per_class: Counter[int] = Counter()
     content = ContentDigest()  # of the samples read back, folded shard by shard
     bar = tqdm(
@@ -93,7 +105,9 @@ def verify_dataset(
             try:
                 reader = dataset.shard(k)  # opened, and its sample count checked
             except spec.DatasetError as e:
-                report.problems.append(Problem(where, f"cannot open: {e}"))
+                report.problems.append(
+                    Problem.of(e, where, _names(manifest.location), "cannot open: ")
+                )
                 content.fold(k, b"")  # its samples are missing from the checksum
                 continue
             labels = np.asarray(reader.labels)
@@ -123,16 +137,57 @@ def verify_dataset(
     return report
 
 
-def _cached(dataset: ImageDataset, k: int, report: VerifyReport) -> bool:
-    """For a remote dataset, shard ``k`` copied into the local cache to be checked there."""
-    try:
-        dataset.cache_shard(k)
-    except StorageError:
-        raise
-    except (spec.DatasetError, OSError) as e:
-        report.problems.append(Problem(f"{dataset.manifest.location}/shard {k}", str(e)))
-        return False
-    return True
+def check_stored_files(dataset: ImageDataset, workers: int | None = None) -> list[list[Problem]]:
+    """The problems of each shard's files as stored, in shard order (no problem: intact):
+    sizes and SHA-256s against the manifest. A URL dataset's objects are first sized in
+    the store, then copied into the local cache (checked against their SHA-256s as they
+    download) and checked there; ``workers`` threads (default: the usable CPUs).
+
+    Raises:
+        StorageError: the store could not be reached (nothing was checked).
+    """
+    shards = range(len(dataset.manifest.shards))
+    with ThreadPoolExecutor(workers or default_workers()) as pool:
+        return list(pool.map(lambda k: _shard_problems(dataset, k), shards))
+
+
+def _shard_problems(dataset: ImageDataset, k: int) -> list[Problem]:
+    manifest, location = dataset.manifest, dataset.manifest.location
+    if location.remote is not None:
+        problems = _remote_problems(manifest, k, location.remote)
+        if problems:
+            return problems
+        try:
+            dataset.cache_shard(k)
+        except StorageError:
+            raise
+        except (spec.DatasetError, OSError) as e:
+            return [Problem.of(e, location.where(manifest.shards[k].path), _names(location))]
+    return _file_problems(manifest, k)
+
+
+def _names(location: Location) -> tuple[str, str]:
+    """How a reader's errors name the files of the dataset at ``location``: by its URL or
+    local folder, or for a URL by its cache folder."""
+    return str(location), str(location.folder)
+
+
+def _remote_problems(manifest: Manifest, k: int, remote: RemoteFolder) -> list[Problem]:
+    """Shard ``k`` and its sidecars in the store: there, and the shard of its size."""
+    info, location = manifest.shards[k], manifest.location
+    expected = {info.path: info.bytes, **{info.path + s: None for s in info.sidecars}}
+    problems = []
+    for name, size in expected.items():
+        found = remote.size(name)
+        if found is None:
+            problems.append(Problem(location.where(name), "missing"))
+        elif size is not None and found != size:
+            problems.append(
+                Problem(
+                    location.where(name), f"is {found} bytes, the manifest says {size}: truncated?"
+                )
+            )
+    return problems
 
 
 def _check_totals(manifest: Manifest, report: VerifyReport) -> None:
@@ -144,36 +199,30 @@ def _check_totals(manifest: Manifest, report: VerifyReport) -> None:
         )
 
 
-def _check_files(manifest: Manifest, k: int, report: VerifyReport) -> bool:
-    """Size and SHA-256 of shard ``k`` and its sidecars; True if all match."""
+def _file_problems(manifest: Manifest, k: int) -> list[Problem]:
+    """Size and SHA-256 of the local files of shard ``k`` and its sidecars."""
     info = manifest.shards[k]
     path = manifest.shard_path(k)
     try:
         size = path.stat().st_size
     except OSError as e:
-        report.problems.append(Problem(str(path), f"missing or unreadable: {e.strerror}"))
-        return False
+        return [Problem(str(path), f"missing or unreadable: {e.strerror}")]
     if size != info.bytes:
-        report.problems.append(
-            Problem(str(path), f"is {size} bytes, the manifest says {info.bytes}: truncated?")
-        )
-        return False
+        return [Problem(str(path), f"is {size} bytes, the manifest says {info.bytes}: truncated?")]
     files = {path: info.sha256}
     files.update({Path(str(path) + s): h for s, h in info.sidecars.items()})
-    ok = True
+    problems = []
     for file, expected in files.items():
         try:
             actual = file_sha256(file)
         except OSError as e:
-            report.problems.append(Problem(str(file), f"missing or unreadable: {e.strerror}"))
-            ok = False
+            problems.append(Problem(str(file), f"missing or unreadable: {e.strerror}"))
             continue
         if actual != expected:
-            report.problems.append(
+            problems.append(
                 Problem(str(file), "SHA-256 does not match the manifest: corrupt or modified")
             )
-            ok = False
-    return ok
+    return problems
 
 
 def _check_counts(manifest: Manifest, per_class: Counter[int], report: VerifyReport) -> None:

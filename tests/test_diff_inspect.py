@@ -2,9 +2,12 @@
 
 ``diff`` must call two datasets of different formats and encodings equivalent when they hold
 the same images (within the tolerance), answer from equal content checksums without
-reading a sample, and name each difference: a changed label, a changed image and a missing
-sample; exit 0/1/2. ``inspect`` must summarize from the manifest and draw a contact sheet
-whose size and tiles are those asked for.
+decoding a sample but only for shards of the size and SHA-256 their manifests record (a
+damaged copy, local or in S3, is exit 2 naming its shards), and name each difference: a
+changed label, a changed image (the worst list holds only samples that differ), a missing
+sample, classes only one side has or in another order; exit 0/1/2. ``inspect`` must
+summarize from the manifest and draw a contact sheet whose size and tiles are those asked
+for.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ from PIL import Image
 import readers
 from convert import ConvertOptions, convert_folder
 from convert.cli import main
-from convert.diff import DEFAULT_TOLERANCE, diff_datasets
+from convert.diff import DEFAULT_TOLERANCE, DiffReport, diff_datasets
 from convert.inspect import GAP, LABEL_HEIGHT, contact_sheet, summarize
+from readers import spec
+from readers.storage.remote import RemoteFolder
 from tests.conftest import SAMPLE_DATA
+from tests.test_object_storage import BUCKET, s3_server  # noqa: F401 (the fixture)
+from tests.test_verify import flip_byte, reseal
 
 GEOMETRY = {"resize": 72, "center_crop": 64, "exact_resize": True}
 CHANGED_LABEL, CHANGED_IMAGE, MISSING = (
@@ -76,15 +83,39 @@ def test_the_same_images_in_other_formats_and_encodings_are_equivalent(datasets)
     assert result.output.startswith("EQUIVALENT")
 
 
-def test_equal_checksums_answer_without_reading_a_sample(datasets, tmp_path):
+def test_equal_checksums_answer_only_for_shards_that_match_their_manifest(datasets, tmp_path):
     copy = tmp_path / "again"
     shutil.copytree(datasets["again"], copy)
-    for shard in copy.glob("shard-*"):
-        shard.write_bytes(b"")  # a read would fail on the size check
+    shard = copy / spec.shard_name("hdf5", 0)
+    flip_byte(shard, shard.stat().st_size // 2)
+    damaged = invoke("diff", datasets["raw"], copy)
+    assert damaged.exit_code == 2, damaged.output
+    assert damaged.output.startswith(f"Error: {shard}: SHA-256 does not match the manifest")
+    assert len(damaged.output.splitlines()) == 1
+    reseal(copy, 0)  # the manifest now vouches for the changed shard: only a decode could tell
     report = diff_datasets(datasets["raw"], copy)
     assert report.checksum_match and report.equivalent and report.matched == 32
     result = invoke("diff", datasets["raw"], copy)
     assert result.exit_code == 0 and "content checksums are equal" in result.output
+
+
+@pytest.mark.usefixtures("s3_server")
+def test_an_s3_copy_with_a_shard_deleted_and_another_truncated_is_exit_2_naming_both(datasets):
+    url = f"s3://{BUCKET}/diff/jpeg"
+    bucket = RemoteFolder(url)
+    for path in sorted(datasets["jpeg"].iterdir()):
+        bucket.upload(path, path.name)
+    intact = invoke("diff", datasets["jpeg"], url)  # which also fills the reader cache
+    assert intact.exit_code == 0 and "content checksums are equal" in intact.output
+    deleted, truncated = spec.shard_name("wds", 1), spec.shard_name("wds", 2)
+    bucket.delete([deleted])
+    data = bucket.read(truncated)
+    bucket.write(truncated, data[: len(data) // 2])
+    result = invoke("diff", datasets["jpeg"], url)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"Error: {url}/{deleted}: missing; {url}/{truncated}: is ")
+    assert f"is {len(data) // 2} bytes, the manifest says {len(data)}" in result.output
+    assert len(result.output.splitlines()) == 1
 
 
 def test_diff_names_a_changed_label_a_changed_image_and_a_missing_sample(datasets):
@@ -95,10 +126,12 @@ def test_diff_names_a_changed_label_a_changed_image_and_a_missing_sample(dataset
     assert report.over_tolerance == 1 and report.worst[0].path == CHANGED_IMAGE
     assert report.worst[0].mean_abs_diff > 4 * DEFAULT_TOLERANCE
     assert report.identical == 30  # raw against raw of the same geometry: the very pixels
+    assert [w.path for w in report.worst] == [CHANGED_IMAGE]  # only samples that differ
     result = invoke("diff", datasets["raw"], datasets["tampered"])
     assert result.exit_code == 1
     for name in (MISSING, CHANGED_LABEL, CHANGED_IMAGE):
         assert name in result.output
+    assert result.output.rstrip().endswith(f"worst:\n  {CHANGED_IMAGE}  {report.max_diff:.2f}")
     as_json = json.loads(invoke("diff", datasets["raw"], datasets["tampered"], "--json").output)
     assert as_json["equivalent"] is False and as_json["only_in_a"] == [MISSING]
     assert as_json["worst"][0]["path"] == CHANGED_IMAGE
@@ -118,7 +151,12 @@ def test_diff_of_other_class_lists_differs_and_errors_exit_2(datasets, tmp_path)
     report = diff_datasets(datasets["raw"], renamed)
     assert not report.equivalent and not report.same_classes
     assert not report.label_mismatches  # the labels match by class name
-    assert "classes differ" in report.summary()
+    assert (
+        "classes differ: the same 4 names in another order, from label 0: 'nature' in A, "
+        "'space' in B" in report.summary()
+    )
+    other = DiffReport("a", "b", 0, 2, 2, classes_a=["cat", "dog", "owl"], classes_b=["cat", "eel"])
+    assert other.classes_differ() == "only in A: dog, owl; only in B: eel"
     missing = invoke("diff", datasets["raw"], tmp_path / "nothing")
     assert missing.exit_code == 2
     assert missing.output.strip() == f"Error: {tmp_path / 'nothing'}: no such dataset folder"

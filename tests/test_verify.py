@@ -14,7 +14,9 @@ from convert.verify import verify_dataset
 from convert.writers.base import file_sha256
 from readers import spec
 from readers.manifest import load_manifest
+from readers.storage.remote import RemoteFolder
 from tests.conftest import ENCODING_CASES
+from tests.test_object_storage import BUCKET, s3_server  # noqa: F401 (the fixture)
 
 
 def verify(root: Path, *flags: str) -> Result:
@@ -107,6 +109,30 @@ def test_a_damaged_wds_index_is_caught(dataset_copy):
     assert_caught(verify(root), f"{index}: SHA-256 does not match")
 
 
+@pytest.mark.usefixtures("s3_server")
+def test_each_damaged_object_in_a_bucket_is_named_once_by_its_url(converted):
+    url = f"s3://{BUCKET}/verify/pt"
+    bucket = RemoteFolder(url)
+    for path in sorted(converted("pt", "jpeg", shard_size=10).iterdir()):
+        bucket.upload(path, path.name)
+    deleted, truncated, changed = (spec.shard_name("pt", k) for k in (1, 2, 3))
+    bucket.delete([deleted])
+    size = len(bucket.read(truncated))
+    bucket.write(truncated, bucket.read(truncated)[:100])
+    data = bytearray(bucket.read(changed))
+    data[len(data) // 2] ^= 0x01
+    bucket.write(changed, bytes(data))
+    result = verify(url)
+    assert_caught(result)
+    lines = result.output.splitlines()
+    assert lines[:2] == [
+        f"{url}/{deleted}: missing",
+        f"{url}/{truncated}: is 100 bytes, the manifest says {size}: truncated?",
+    ]
+    assert lines[2].startswith(f"{url}/{changed}: SHA-256 differs from the manifest's")
+    assert lines[3] == f"Error: 3 problem(s) found in {url}"
+
+
 def test_deep_catches_changed_pixels_the_file_checksums_cannot(dataset_copy):
     root = dataset_copy("pt", "raw-fixed")
     shard = root / spec.shard_name("pt", 0)
@@ -146,7 +172,9 @@ def test_counts_that_disagree_with_the_shards_are_caught(dataset_copy):
 
 
 def test_a_folder_that_is_not_a_dataset_fails_verification(tmp_path):
-    assert_caught(verify(tmp_path), "not an imgpack dataset")
+    result = verify(tmp_path)
+    assert_caught(result)
+    assert result.output.splitlines()[0] == f"{tmp_path}: not an imgpack dataset (no imgpack.json)"
 
 
 def test_verify_dataset_reports_every_problem_without_raising(dataset_copy):

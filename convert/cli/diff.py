@@ -56,10 +56,11 @@ def diff(
     """Compare the imgpack datasets A and B (folders or URLs, of any formats and
     encodings): the samples, matched by source path; their labels, by class name, and the
     class lists; then the pixels of each pair, decoded, within --tolerance. Equal content
-    checksums answer without reading the samples.
+    checksums answer without decoding, once each shard's size and SHA-256 match its
+    manifest (as imgpack verify checks them).
 
     Exits with status 0 when the two are equivalent, 1 when they differ, 2 on an error
-    (a dataset that cannot be read).
+    (a dataset that cannot be read, or a shard that is not what its manifest says).
     """
     try:
         report = diff_datasets(
