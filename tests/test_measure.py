@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,7 +22,9 @@ from PIL import Image
 import readers
 from convert.cli import main
 from convert.cli.measure import verdict
+from convert.measure import report
 from convert.measure.bench import FolderDataset, crop_for, open_source, resident_fraction
+from convert.measure.report import TABLE_WIDTH, Row, columns, format_table
 from convert.scan import scan_folder
 from readers import spec
 from readers.feeding import tune
@@ -54,7 +57,8 @@ def test_stored_gives_the_undecoded_sample(converted, fmt, case):
 
 
 def test_bench_measures_datasets_and_a_plain_folder(converted, sample_data, tmp_path):
-    wds = converted("wds", "raw-fixed", shard_size=4, shuffle=True, seed=1)
+    wds = tmp_path / "imagenet-1k-train-wds-raw-shuffled-seed-1"  # a long name, as users give
+    wds.symlink_to(converted("wds", "raw-fixed", shard_size=4, shuffle=True, seed=1))
     pt = converted("pt", "jpeg")
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     result = run(
@@ -63,11 +67,20 @@ def test_bench_measures_datasets_and_a_plain_folder(converted, sample_data, tmp_
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].split()[:3] == ["path", "raw", "p50"]
-    assert any(line.startswith(f"{wds.name} (wds) stream") for line in lines)
-    assert any(line.startswith("sample_data (folder)") for line in lines)
-    assert "cache: warm" in result.output
+    assert max(map(len, lines)) <= TABLE_WIDTH, result.output  # 196 columns before
+    assert lines[0].split() == ["raw", "read", "µs", "decoded", "µs", "batch", "sequential",
+                                "DataLoader", "samples/s"]  # fmt: skip
+    assert lines[1].split() == ["path", "p50", "p90", "p99", "p99.9", "p50", "p99", "ms", "/s",
+                                "MB/s", "w=0", "w=1"]  # fmt: skip
+    table = lines[2 : lines.index("cache: warm (an untimed pass first)")]
+    printed = [line.split("  ")[0] for line in table]
+    assert printed[3] == "sample_data (folder)" and printed[2].endswith(" (wds) stream")
+    assert table[2].split()[-3:-2] == ["stream"]  # a stream row: its two rates only
     document = json.loads(out.read_text())
+    drawn = report.plot(document["results"], (0, 1), tmp_path / "again.png")
+    assert len(drawn) == len(printed) == 4  # the plot's bars: one series per row of the table
+    for label, shown in zip(drawn, printed, strict=True):  # the table may shorten a name
+        assert re.fullmatch(".+".join(map(re.escape, shown.split("…"))), label), (label, shown)
     assert document["machine"]["cpus"] >= 1 and "torch" in document["machine"]
     assert set(document["machine"]["storage"]) == {str(pt), str(wds), str(sample_data)}
     kinds = [r["kind"] for r in document["results"]]
@@ -85,6 +98,26 @@ def test_bench_measures_datasets_and_a_plain_folder(converted, sample_data, tmp_
         assert ("stream_w1_samples_per_s" in figures) == (r["kind"] == "wds")
     with Image.open(png) as image:
         assert image.size[0] > 800
+
+
+def test_the_bench_table_fits_its_width_with_many_workers_and_long_names():
+    workers = (0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+    cols = columns(workers)
+    big = {c.key: 1_234_567.0 + k for k, c in enumerate(cols)}  # every cell 9 characters
+    name = "imagenet-1k-train-" + "x" * 60 + "-jpeg-256"
+    streamed = {c.key: 2_000.0 for c in cols if c.key.startswith("loader")}
+    rows = [Row(f"{name} (wds)", big, 0), Row(f"{name} (wds) stream", streamed, 0, True)]
+    text = format_table(cols, rows)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= TABLE_WIDTH
+    for k, c in enumerate(cols):  # each figure once, under its own heading, in some block
+        assert text.count(f"{1_234_567 + k:,}") == 1, c.key
+    assert text.count("imagenet-1k-t") == 2 * (text.count("\n\n") + 1)  # each block: both
+    for label in (line.split("  ")[0] for line in lines if "(wds)" in line):
+        assert label.startswith("imagenet-1k-t") and "…" in label  # cut in the middle
+        assert label.endswith(("-jpeg-256 (wds)", "-jpeg-256 (wds) stream")), label
+    few = format_table(columns((0, 2)), [Row("in1k (pt)", {"batch_ms": 3.0}, 0)])
+    assert "\n\n" not in few and few.splitlines()[2].split() == ["in1k", "(pt)", "3.00"]
 
 
 def test_bench_cold_drops_the_datasets_pages_and_says_so(converted, tmp_path):

@@ -139,9 +139,7 @@ def bench(
             )
         )
     bar.close()
-    click.echo(
-        report.format_table(report.headers(workers), list(report.iter_rows(results, workers)))
-    )
+    click.echo(report.format_table(report.columns(workers), report.table_rows(results, workers)))
     for r in results:
         if r["cache_notes"]:
             click.echo(f"{r['path']}: page cache before each cold run: {r['cache_notes'][-1]}")
