@@ -236,7 +236,8 @@ def label_font(size: int = LABEL_FONT_SIZE) -> ImageFont.FreeTypeFont | ImageFon
         return ImageFont.truetype(str(font), size)
     log.warning(
         "inspect --grid: class names drawn in Pillow's font, which has ASCII glyphs only "
-        "(other letters show as boxes): pip install matplotlib for its DejaVu Sans"
+        "(other letters show as boxes): for DejaVu Sans, pip install -e '.[plot]' in the "
+        "imgpack checkout (or pip install matplotlib)"
     )
     return ImageFont.load_default(size)
 

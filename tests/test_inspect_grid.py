@@ -150,7 +150,8 @@ def test_without_matplotlib_the_grid_uses_pillows_font_and_says_what_to_install(
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [
         "imgpack: inspect --grid: class names drawn in Pillow's font, which has ASCII glyphs "
-        "only (other letters show as boxes): pip install matplotlib for its DejaVu Sans"
+        "only (other letters show as boxes): for DejaVu Sans, pip install -e '.[plot]' in the "
+        "imgpack checkout (or pip install matplotlib)"
     ]
     rows = list(json.loads(proc.stdout)["grid"]["tiles"])
     assert sorted(rows) == ["plain", "Жёлтый"]
