@@ -115,8 +115,9 @@ def _interrupt(signum: int, frame: object) -> None:
     "--label-key",
     metavar="KEY",
     help="For a WebDataset SRC: the member extension holding each sample's label, a class "
-    "number or name [default: cls]. For a Parquet SRC: the label column [default: the "
-    "ClassLabel feature, else 'label'].",
+    "number or name (cls, txt), or a key inside a JSON member (json.label) [default: cls]. "
+    "For a Parquet SRC: the label column [default: the ClassLabel feature, else 'label']. "
+    "Integer labels are stored as they are (class names 0..K-1, or --classes FILE).",
 )
 @click.option(
     "--include-hidden",
@@ -262,9 +263,10 @@ def convert(
     its content checksum (raw to raw with no --resize/--center-crop keeps the checksum).
     Or WebDataset tars made by other tools (a folder of .tar files, a glob, a brace pattern
     such as 'shards/train-{0000..0099}.tar', or a URL; the image is the jpg/jpeg/png/webp
-    member, the label the cls member or --label-key), or Parquet files in the Hugging Face
-    image layout ({bytes, path} image column, integer label; class names from the schema's
-    ClassLabel, else --classes FILE, else the numbers).
+    member, the label the cls member or --label-key; a .tar.gz/.tgz is decompressed once
+    by the scan, its images staged in TMPDIR for the workers), or Parquet files in the
+    Hugging Face image layout ({bytes, path} image column, integer label; class names from
+    the schema's ClassLabel, else --classes FILE, else the numbers).
 
     DST is a folder, or a URL such as s3://bucket/prefix (fsspec; credentials from the
     usual chain: AWS_* variables including AWS_ENDPOINT_URL, ~/.aws, instance roles).
@@ -329,9 +331,23 @@ def convert(
         ctx.exit(130)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    click.echo(result.summary())
+    click.echo(result.summary() + _unlabeled_note(result.dst, label_key))
     if result.skipped:
         click.echo(f"{result.skipped} file(s) skipped: see {dst}/errors.jsonl", err=True)
+
+
+def _unlabeled_note(dst: Path | str, label_key: str | None) -> str:
+    """The summary's note for a WebDataset or Parquet source converted without labels
+    because none was found: say so, and how to choose the label."""
+    manifest = load_manifest(dst)
+    kind = (manifest.source or {}).get("kind")
+    if manifest.classes or kind not in ("webdataset", "parquet"):
+        return ""
+    field = "member" if kind == "webdataset" else "column"
+    if label_key:
+        return f"; unlabeled: no sample has a {label_key!r} label (--label-key names the {field})"
+    looked = "'cls' member" if kind == "webdataset" else "ClassLabel or 'label' column"
+    return f"; unlabeled: no {looked} found (--label-key names the label {field})"
 
 
 def _class_list(classes_file: Path | None, classes_from: str | None) -> tuple[str, ...] | None:

@@ -18,7 +18,7 @@ from convert.sources.dataset import DatasetReader, DatasetSource
 from convert.sources.files import is_pattern
 from convert.sources.folder import FolderReader, FolderSource
 from convert.sources.parquet import ParquetSource
-from convert.sources.webdataset import TarReader, WebDatasetSource
+from convert.sources.webdataset import TAR_SUFFIXES, TarReader, WebDatasetSource
 from readers import spec
 from readers.storage.remote import RemoteFolder, is_url, local_path
 
@@ -58,7 +58,7 @@ def open_source(src: str | os.PathLike[str], label_key: str | None = None) -> Sa
 
 def _kind(src: str) -> str:
     """What ``src`` holds, from its name and, for a folder, its top-level listing."""
-    if src.endswith(".tar") or (is_pattern(src) and ".tar" in src):
+    if src.endswith(TAR_SUFFIXES) or (is_pattern(src) and (".tar" in src or ".tgz" in src)):
         return "webdataset"
     if src.endswith(".parquet") or (is_pattern(src) and ".parquet" in src):
         return "parquet"
@@ -75,7 +75,7 @@ def _kind(src: str) -> str:
         names = os.listdir(path)
         if "data" in names and (path / "data").is_dir():  # the Hugging Face Hub's layout
             names += [f"data/{n}" for n in os.listdir(path / "data")]
-    if any(n.endswith(".tar") for n in names):
+    if any(n.endswith(TAR_SUFFIXES) for n in names):
         return "webdataset"
     if any(n.endswith(".parquet") for n in names):
         return "parquet"

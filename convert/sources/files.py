@@ -162,11 +162,12 @@ class FileSource:
 
     kind: str
     suffix: str  # of the files a folder or a URL is listed for
+    other_suffixes: tuple[str, ...] = ()  # listed too (WebDataset's .tar.gz, .tgz)
 
     def __init__(self, src: str, label_key: str | None = None) -> None:
         self.src = src
         self.label_key = label_key
-        listed = list_files(src, (self.suffix,))
+        listed = list_files(src, (self.suffix, *self.other_suffixes))
         self.files = tuple(f if is_url(f) else os.path.abspath(f) for f in listed)
 
     @property

@@ -1,19 +1,25 @@
 """WebDataset tars made by other tools (``webdataset.ShardWriter``, ``tarp``, ``img2dataset``)
 as a sample source.
 
-A sample is the run of members sharing a key (the member name up to the first ``.`` of its
-base name), a field is the rest: the image is the sample's ``jpg``/``jpeg``/``png``/``webp``
-member, the label its ``cls`` member (or the one ``--label-key`` names) holding a class
-number or a class name. The scan reads every tar once, in order (a local one by its
-headers, skipping the image bytes; a remote one as a stream), and records where each image
-lies; workers then read just those bytes (``pread``, or merged range requests for a URL).
-Compressed tars cannot be read by byte range and are refused.
+A sample is the run of members sharing a key (``convert.sources.tar_members``): the image
+is its ``jpg``/``jpeg``/``png``/``webp`` member, the label the member ``--label-key`` names
+(default ``cls``) holding a class number or name, or a value inside a JSON member
+(``--label-key json.label``). Integer labels are stored as those integers (class names
+``"0"`` .. ``"K-1"``, or ``--classes FILE``; ``convert.sources.labels``). The scan reads
+every tar once, in order, and records where each image lies; workers then read just those
+bytes (``pread``, or merged range requests for a URL). A compressed tar (``.tar.gz``,
+``.tgz``) is decompressed once by the scan, its images staged in a temporary file.
+
+A key met again (later in the tar, in another tar, or as a second set of members in a row)
+is a duplicate: its sample is listed in ``errors.jsonl`` and left out, never dropped
+silently (``webdataset`` itself raises there).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-import tarfile
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,19 +30,20 @@ from convert.options import ConvertOptions
 from convert.samples import Sample, SampleTable
 from convert.scan import Scan
 from convert.sources.base import Stored, position, refuse_folder_options
-from convert.sources.files import FileSource, Spans, open_file, split_url
-from convert.sources.labels import Labels
+from convert.sources.files import FileSource, Spans, split_url
+from convert.sources.labels import LabelField, Labels
+from convert.sources.tar_members import IMAGE_EXTS, TAR_SUFFIXES, Staging, split_name, walk
 from readers.storage.remote import is_url
 
-__all__ = ["DEFAULT_LABEL_KEY", "IMAGE_EXTS", "TarReader", "WebDatasetSource"]
+__all__ = ["DEFAULT_LABEL_KEY", "IMAGE_EXTS", "TAR_SUFFIXES", "TarReader", "WebDatasetSource"]
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")  # in order of preference within a sample
 DEFAULT_LABEL_KEY = "cls"
 
 
 @dataclass(frozen=True)
 class TarReader:
-    """Reads each sample's image bytes from its tar, by the offsets the scan recorded."""
+    """Reads each sample's image bytes from its tar (or a compressed tar's staged file), by
+    the offsets the scan recorded."""
 
     tars: tuple[str, ...]  # local paths (absolute) or URLs
     spans: Spans
@@ -78,85 +85,100 @@ class TarReader:
 
 
 class WebDatasetSource(FileSource):
-    """The ``.tar`` shards that ``src`` names: a folder of them, one tar, a glob or a brace
-    pattern, local or at a URL (see the module docstring)."""
+    """The tar shards that ``src`` names (``.tar``, ``.tar.gz``, ``.tgz``): a folder of them,
+    one tar, a glob or a brace pattern, local or at a URL (see the module docstring)."""
 
     kind = "webdataset"
     suffix = ".tar"
+    other_suffixes = TAR_SUFFIXES[1:]
     _spans: Spans | None = None
+    _read_from: tuple[str, ...] = ()
 
     def __init__(self, src: str, label_key: str | None = None) -> None:
         super().__init__(src, label_key or DEFAULT_LABEL_KEY)
+        self.label_field = LabelField.parse(self.label_key or DEFAULT_LABEL_KEY)
 
     def scan(self, options: ConvertOptions) -> Scan:
-        """Every sample with an image member, in tar order; one without is a problem."""
+        """Every sample with an image member, in tar order; one without, or a duplicate
+        key, is a problem."""
         refuse_folder_options(self.where, options)
-        labels = Labels(self.where, self.label_key, options.classes)
         problems: list[dict[str, str]] = []
         rows: list[tuple[int, int, int]] = []
         paths: list[str] = []
+        raw_labels: list[bytes | None] = []
+        key_hashes = array("Q")  # of each sample's key, to find a repeated one: 8 bytes each
+        staging = Staging(self)
         for number, tar in enumerate(self.files):
-            for key, members, values in _samples(tar, self.label_key):
-                image = next((members[e] for e in IMAGE_EXTS if e in members), None)
+            for sample in walk(tar, number, self.label_field.member, staging):
+                image = sample.image()
                 if image is None:
-                    problems.append(
-                        {
-                            "path": key,
-                            "error": f"{key}: no image member ({'/'.join(IMAGE_EXTS)}) in {tar}",
-                        }
-                    )
+                    error = f"{sample.key}: no image member ({'/'.join(IMAGE_EXTS)}) in {tar}"
+                    problems.append({"path": sample.key, "error": error})
                     continue
                 paths.append(image.name)
-                rows.append((number, image.offset_data, image.size))
-                labels.add(image.name, values.get(self.label_key))
+                rows.append((number, image.offset, image.size))
+                raw_labels.append(sample.label)
+                key_hashes.append(_key_hash(sample.key))
         if not rows:
             raise FileNotFoundError(
                 f"{self.where}: no samples with an image member in {len(self.files)} tar(s)"
             )
+        self._read_from = tuple(staging.read_from(tar) for tar in self.files)
         self._spans = Spans.write(np.array(rows), self)
+        repeats = _repeated_keys(key_hashes, paths)
+        labels = Labels(self.where, str(self.label_field), options.classes)
+        for at, (path, raw) in enumerate(zip(paths, raw_labels, strict=True)):
+            if at in repeats:
+                why = self._duplicate(path, rows[at][0], rows[repeats[at]][0])
+                problems.append({"path": path, "error": why})
+            else:
+                labels.add(path, self.label_field.value(raw, f"{self.where}: {path}"))
         classes, numbers, left_out = labels.resolve()
+        kept = (i for i in range(len(paths)) if i not in repeats)
         samples = SampleTable.of(
-            Sample(path, label, index)
-            for index, (path, label) in enumerate(zip(paths, numbers, strict=True))
+            Sample(paths[i], label, i)
+            for i, label in zip(kept, numbers, strict=True)
             if label is not None
         )
         return Scan(classes, samples, problems + left_out)
 
+    def _duplicate(self, path: str, tar: int, first_tar: int) -> str:
+        """Why the sample at ``path`` (in tar number ``tar``) is left out: its key repeats
+        that of a sample in tar number ``first_tar``."""
+        key = (split_name(path) or (path, ""))[0]
+        before = "earlier in that tar" if tar == first_tar else f"in {self.files[first_tar]}"
+        return (
+            f"{path}: duplicate key {key!r} in {self.files[tar]} (a sample with that key came "
+            f"{before}): left out, as webdataset would refuse it"
+        )
+
     def reader(self) -> TarReader:
         if self._spans is None:
             raise RuntimeError("WebDatasetSource.reader before scan")
-        return TarReader(self.files, self._spans)
+        return TarReader(self._read_from, self._spans)
 
     def record(self) -> dict[str, Any]:
         return {**super().record(), "label_key": self.label_key}
 
 
-def _samples(tar: str, label_key: str):
-    """``(key, {ext: TarInfo}, {label_key: bytes})`` of each sample of ``tar``, in order."""
-    try:
-        with open_file(tar) as f:
-            mode = "r|" if is_url(tar) else "r:"
-            with tarfile.open(fileobj=f, mode=mode) as tf:
-                key: str | None = None
-                members: dict[str, tarfile.TarInfo] = {}
-                values: dict[str, bytes] = {}
-                for member in tf:
-                    if not member.isfile():
-                        continue
-                    folder, _, base = member.name.rpartition("/")
-                    stem, dot, ext = base.partition(".")
-                    if not dot or stem.startswith("__"):
-                        continue
-                    name = f"{folder}/{stem}" if folder else stem
-                    if name != key:
-                        if key is not None:
-                            yield key, members, values
-                        key, members, values = name, {}, {}
-                    ext = ext.lower()
-                    members[ext] = member
-                    if ext == label_key:
-                        values[ext] = tf.extractfile(member).read()
-                if key is not None:
-                    yield key, members, values
-    except tarfile.TarError as e:
-        raise ValueError(f"{tar}: not an uncompressed tar ({e})") from e
+def _key_hash(key: str) -> int:
+    digest = hashlib.blake2b(key.encode("utf-8", "surrogateescape"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _repeated_keys(hashes: array, paths: list[str]) -> dict[int, int]:
+    """``{position: position of the first sample with its key}`` for each sample whose key
+    came before: the keys of samples whose 8-byte hashes repeat (found by sorting the
+    hashes) are compared."""
+    ordered = np.sort(np.frombuffer(hashes, dtype=np.uint64))
+    colliding = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
+    first: dict[str, int] = {}
+    repeats: dict[int, int] = {}
+    for at, value in enumerate(hashes):
+        if value in colliding:
+            key = (split_name(paths[at]) or (paths[at], ""))[0]
+            if key in first:
+                repeats[at] = first[key]
+            else:
+                first[key] = at
+    return repeats
