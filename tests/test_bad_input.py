@@ -211,6 +211,7 @@ PHOTO = photo_crop(*GOOD_SHAPE, seed=7)
 PALETTE = Image.fromarray(PHOTO).quantize(64)
 PALETTE.info["transparency"] = 0
 SIXTEEN_BIT = Image.fromarray(photo_crop(*GOOD_SHAPE, seed=2)[..., 0].astype(np.uint16) * 257)
+EIGHT_IN_SIXTEEN = Image.fromarray(photo_crop(*GOOD_SHAPE, seed=2)[..., 0].astype(np.uint16))
 
 CASES = [
     Case(
@@ -271,10 +272,17 @@ CASES = [
     ),
     Case(
         "16-bit-png",
-        "a 16-bit grayscale PNG",
+        "a 16-bit grayscale PNG (values above 255)",
         "converted: scaled to 8 bits (value >> 8), then gray to RGB",
         photo_file("good/deep.png", "PNG", image=SIXTEEN_BIT),
         (Converted("good/deep.png", sixteen_bit_scaled),),
+    ),
+    Case(
+        "16-bit-png-of-8-bit-values",
+        "a 16-bit grayscale PNG holding 0-255 values",
+        "converted: the values as 8-bit, as Pillow and `ImageFolder` show them (not black)",
+        photo_file("good/shallow.png", "PNG", image=EIGHT_IN_SIXTEEN),
+        (Converted("good/shallow.png", same_as_pillow(rgb)),),
     ),
     Case(
         "exif-orientation",

@@ -424,6 +424,24 @@ def test_16_bit_grayscale_is_scaled_to_8_bits() -> None:
     assert (_pillow_rgb(data) == 255).mean() > 0.9  # what convert("RGB") alone does: clip
 
 
+@pytest.mark.parametrize(("mode", "fmt"), [("I;16", "PNG"), ("I", "TIFF")])
+def test_8_bit_values_in_a_16_or_32_bit_image_show_as_a_viewer_shows_them(mode, fmt) -> None:
+    gray = _gray("chelsea")  # 0-255 in a wide container: what some tools write
+    wide = gray.astype(np.uint16 if mode == "I;16" else np.int32)
+    data = _encode(Image.fromarray(wide, mode if mode == "I" else None), fmt)
+    assert Image.open(io.BytesIO(data)).mode == mode
+    pixels = _decode_quietly(data)
+    np.testing.assert_array_equal(pixels, np.dstack([gray] * 3))
+    np.testing.assert_array_equal(pixels, _pillow_rgb(data))  # Pillow's (ImageFolder's) view
+
+
+def test_a_16_bit_image_just_over_8_bits_is_still_scaled_by_8_bits() -> None:
+    deep = _gray("chelsea").astype(np.uint16)
+    deep[0, 0] = 256  # one value needs a ninth bit: 16-bit data, >> 8
+    pixels = _decode_quietly(_encode(Image.fromarray(deep), "PNG"))
+    np.testing.assert_array_equal(pixels, np.dstack([(deep >> 8).astype(np.uint8)] * 3))
+
+
 @pytest.mark.parametrize("bits", [16, 31])
 def test_32_bit_integer_images_are_scaled_by_the_range_they_use(bits) -> None:
     gray = _gray("chelsea")

@@ -9,8 +9,8 @@ for 16-bit; unlike it, EXIF orientation is applied:
 L, LA               gray replicated to the three channels
 P                   the palette colours; transparency (one index or per index) ignored
 RGBA, LA, PA        alpha dropped, not composited over a background
-I;16 (16-bit gray)  scaled to 8 bits by ``>> 8`` (``convert`` would clip at 255)
-I (32-bit integer)  ``>> 8`` when every value fits 16 bits, else ``>> 23``; negatives 0
+I;16 (16-bit gray)  ``>> 8`` (``convert`` would clip at 255); as 8-bit if every value <= 255
+I (32-bit integer)  as I;16 when every value fits 16 bits, else ``>> 23``; negatives 0
 1                   0 or 255
 CMYK, YCCK JPEG     RGB, by Pillow (Adobe-inverted files too)
 Orientation 2-8     upright, as ``ImageOps.exif_transpose`` (EXIF, else XMP)
@@ -318,11 +318,14 @@ def _decode_pil(
 def pil_to_rgb_array(img: Image.Image, name: str = "") -> np.ndarray:
     """Convert a loaded Pillow image of any mode to a uint8 ``[H, W, 3]`` RGB array."""
     if img.mode in ("I;16", "I;16B", "I;16L", "I"):
-        # Pillow's convert("RGB") clips 16-bit values instead of scaling: scale to 8 bits.
-        # Mode I is a signed 32-bit container, most often of 16-bit data (TIFF): scale by
-        # what the values span (16 or 31 bits), so that such an image does not come out black.
+        # Pillow's convert("RGB") clips 16-bit values instead of scaling: scale to 8 bits,
+        # by what the values span, so that no image comes out black. Every value <= 255:
+        # 8-bit data in a 16-bit file, shown as a viewer (Pillow, ImageFolder) shows it;
+        # 16 bits: >> 8; more (mode I, a signed 32-bit container, most often of 16-bit
+        # TIFF data): >> 23.
         arr = np.clip(np.asarray(img, dtype=np.int64), 0, None)
-        shift = 23 if img.mode == "I" and arr.size and arr.max() > 0xFFFF else 8
+        top = int(arr.max()) if arr.size else 0
+        shift = 0 if top <= 0xFF else 8 if top <= 0xFFFF else 23
         img = Image.fromarray((arr >> shift).astype(np.uint8), "L")
     elif img.mode == "P" and isinstance(img.info.get("transparency"), bytes):
         img = img.convert("RGBA")  # P -> RGB warns about per-index alpha; RGBA -> RGB drops it
