@@ -5,9 +5,10 @@ seed 0) in a ``DataLoader``, what ``scripts.bench.loader --rev`` compares.
 ``--reader make-loader``: ``readers.make_loader`` over a dataset of any format (shuffled).
 Batches of 64; ``--crop`` says how the images become 224x224: ``transform`` (a per-sample
 centre crop after the full decode), ``centre`` or ``random`` (``crop=`` inside the decode:
-``CenterCrop(224, ratio=224/256)``, ``RandomResizedCrop(224, flip=True)``), ``none``
-(stored at that size: raw). One untimed epoch, then ``--passes`` epochs timed; the result
-line is ``{"rate": samples/s, "unit": "samples/s"}``.
+``CenterCrop(224, ratio=224/256)``, ``RandomResizedCrop(224, flip=True)``), ``noop``
+(``crop=CenterCrop(224)`` of images stored at 224: the kernel's crop path, no crop), ``none``
+(stored at that size: raw, or JPEGs read by the plain path). One untimed epoch, then
+``--passes`` epochs timed; the result line is ``{"rate": samples/s, "unit": "samples/s"}``.
 
     .venv/bin/python -m scripts.bench.ab --rev a662b92 --rounds 6 \\
         read_rate bench-data/work/read/lmdb-jpeg --reader make-loader --crop centre
@@ -30,6 +31,7 @@ CROPS: dict[str, Callable[[], dict[str, Any]]] = {
     "transform": lambda: {"transform": CenterCrop(CROP)},
     "centre": lambda: {"crop": readers.CenterCrop(CROP, ratio=CROP / RESIZE)},
     "random": lambda: {"crop": readers.RandomResizedCrop(CROP, flip=True)},
+    "noop": lambda: {"crop": readers.CenterCrop(CROP)},
     "none": dict,
 }
 
