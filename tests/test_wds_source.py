@@ -23,6 +23,7 @@ from convert import ConvertOptions, convert_folder
 from convert.cli import main
 from convert.sources.labels import LabelField, Labels
 from tests.conftest import SAMPLE_DATA
+from tests.test_object_storage import BUCKET, s3_server  # noqa: F401 (the fixture)
 
 PHOTOS = sorted(p for p in SAMPLE_DATA.rglob("*.jpg"))
 NUMBERS = [n % 12 for n in range(24)]  # class 10 and 11: "10" < "2" as strings
@@ -213,3 +214,17 @@ def test_a_source_without_labels_says_unlabeled_and_how_to_choose_one(tmp_path):
     assert "; unlabeled: no ClassLabel or 'label' column found (--label-key" in parquet.output
     labelled = cli(tar, tmp_path / "d", "--label-key", "json.label")
     assert "unlabeled" not in labelled.output
+
+
+@pytest.mark.usefixtures("s3_server")
+def test_gzipped_tars_at_a_url_convert_like_local_ones(tmp_path):
+    from readers.storage.remote import RemoteFolder
+
+    plain = img2dataset_tar(tmp_path / "plain.tar", NUMBERS)
+    want = tmp_path / "want"
+    convert(plain, want, label_key="json.label")
+    (tmp_path / "plain.tgz").write_bytes(gzip.compress(plain.read_bytes()))
+    RemoteFolder(f"s3://{BUCKET}/gz").upload(tmp_path / "plain.tgz", "plain.tgz")
+    out = tmp_path / "out"
+    convert(f"s3://{BUCKET}/gz", out, label_key="json.label")
+    assert readers.load_manifest(out).content_sha256 == readers.load_manifest(want).content_sha256
