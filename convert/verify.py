@@ -141,13 +141,16 @@ def check_stored_files(dataset: ImageDataset, workers: int | None = None) -> lis
     """The problems of each shard's files as stored, in shard order (no problem: intact):
     sizes and SHA-256s against the manifest. A URL dataset's objects are first sized in
     the store, then copied into the local cache (checked against their SHA-256s as they
-    download) and checked there; ``workers`` threads (default: the usable CPUs).
+    download) and checked there, one shard at a time (a copy another thread's download
+    evicted from a full cache would read as missing); local files on ``workers`` threads
+    (default: the usable CPUs).
 
     Raises:
         StorageError: the store could not be reached (nothing was checked).
     """
     shards = range(len(dataset.manifest.shards))
-    with ThreadPoolExecutor(workers or default_workers()) as pool:
+    threads = 1 if dataset.manifest.url else workers or default_workers()
+    with ThreadPoolExecutor(threads) as pool:
         return list(pool.map(lambda k: _shard_problems(dataset, k), shards))
 
 
