@@ -29,7 +29,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 	@# the crop path again without the compiled kernel: the fallback must stay correct too
 	IMGPACK_KERNEL=0 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_crop.py \
-		tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py tests/test_crc.py
+		tests/test_crop_large.py tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py tests/test_crc.py
 
 # Benchmarks (minutes; results and method in docs/BENCHMARKS.md).
 bench: setup

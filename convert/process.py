@@ -42,7 +42,7 @@ from readers.images.decode import (
     orient,
     pixel_limit,
 )
-from readers.images.jpeg import dct_scale, is_jpeg
+from readers.images.jpeg import DCT_REDUCING_GAP, dct_scale, is_jpeg
 
 __all__ = [
     "DCT_REDUCING_GAP",
@@ -53,13 +53,6 @@ __all__ = [
     "resize_shorter",
     "shorter_size",
 ]
-
-DCT_REDUCING_GAP = 2.5
-"""How many times the ``--resize`` target a DCT-scaled decode's shorter side must stay:
-the antialiased resize then does the last >= 2.5x of the reduction. Measured on real
-photos, every one stayed within 0.6 levels of torchvision's pixels at 64-512; 2 let fine
-detail reach 1.69 (a gravel texture at 64), and 3 would leave 1440 px photos unscaled
-for 256 (docs/FORMATS.md)."""
 
 _PIL_FORMAT_EXT = {
     "JPEG": "jpg",

@@ -18,22 +18,22 @@ import torch.nn.functional as F
 from PIL import Image
 
 import readers
-from convert import ConvertOptions, convert_folder
+from convert import ConvertOptions, convert_folder, process
 from readers import spec
 from readers.feeding.tune import Setting, sweep
 from readers.formats.wds import read_index
 from readers.images import decode
-from readers.images.fused import dct_factor
-from readers.images.jpeg import jpeg_size
+from readers.images.jpeg import DCT_REDUCING_GAP, crop_dct_divisors, jpeg_size
 from readers.images.turbo import turbo_decoder
 from tests.photos import encode, photo_crop
 
 # (height, width): stored short side 256 as the benchmark's, larger ones that decode
 # DCT-scaled under a ratio crop, one smaller than the crop (padded), one very wide.
-SIZES = [(256, 341), (300, 256), (512, 683), (200, 150), (257, 1000), (960, 720)]
-# A DCT-scaled decode low-passes unlike the antialiased resize of a full decode: measured
-# here mean 0.4-3.6 levels, 99th percentile 3-27 (edges of a 1/2-scaled 257-row image).
-DCT_MEAN_TOLERANCE, DCT_P99_TOLERANCE = 4.0, 32
+SIZES = [(256, 341), (300, 256), (1440, 1920), (200, 150), (257, 1000), (1920, 1440)]
+# A DCT-scaled decode low-passes unlike the antialiased resize of a full decode, which still
+# does the last >= 2.5x (DCT_REDUCING_GAP): measured here mean 0.11-0.13 levels, 99th
+# percentile 1, both paths (tests/test_crop_large.py measures 2560-6000 px photos).
+DCT_MEAN_TOLERANCE, DCT_P99_TOLERANCE = 0.5, 4
 
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -82,8 +82,8 @@ def scaled(ds: readers.ImageDataset, crop: readers.images.crop.Crop, index: int)
     size = jpeg_size(ds.stored(index))
     if size is None:
         return False
-    bh, bw = crop.boxes(np.array([size]), np.array([index]))[0, 2:4]
-    return dct_factor(int(bh), int(bw), *crop.size) > 1
+    boxes = crop.boxes(np.array([size]), np.array([index]))
+    return crop_dct_divisors(boxes, np.array([size]), crop.size)[0] > 1
 
 
 CROPS = {
@@ -135,6 +135,22 @@ def test_ratio_crop_of_large_jpegs_decodes_scaled(photos):
     ds = readers.open_dataset(photos)
     crop = CROPS["center-ratio"]
     assert sum(scaled(ds, crop, i) for i in range(len(ds))) >= 2
+
+
+def test_crops_dct_scale_only_while_the_box_keeps_the_reducing_gap():
+    """The converter's rule for a box: scaled by d only while the box stays at least
+    DCT_REDUCING_GAP times the output in both directions once scaled; never a box that
+    reaches outside its image (it is padded at full size)."""
+    assert DCT_REDUCING_GAP == 2.5 and process.DCT_REDUCING_GAP is DCT_REDUCING_GAP
+    image = np.array([[6000, 8000]])
+    sides = {1119: 1, 1120: 2, 2239: 2, 2240: 4, 4480: 8, 5999: 8}  # 1120 = 2 * 2.5 * 224
+    for side, divisor in sides.items():
+        box = np.array([[0, 0, side, side, 0]])
+        assert crop_dct_divisors(box, image, (224, 224)).tolist() == [divisor], side
+    assert crop_dct_divisors(np.array([[0, 0, 2240, 1119, 0]]), image, (224, 224)) == 1
+    assert crop_dct_divisors(np.array([[0, 0, 2240, 1600, 0]]), image, (224, 320)) == 2
+    outside = np.array([[-1, 0, 4480, 4480, 0], [0, 4000, 4480, 4480, 0]])
+    assert crop_dct_divisors(outside, image.repeat(2, 0), (224, 224)).tolist() == [1, 1]
 
 
 @pytest.mark.parametrize("case", ["raw-fixed", "raw-variable"])

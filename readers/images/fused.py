@@ -1,21 +1,24 @@
 """Decode, crop and resize one stored sample straight into its row of a batch.
 
-The box comes from a :class:`readers.images.crop.Crop`. A JPEG whose box is at least twice the
-output in both directions decodes scaled down in the DCT domain (1/2, 1/4 or 1/8, the
-box scaled with it), everything else at full size; the box is then copied into the row,
-or resized with torch's antialiased bilinear (torchvision's ``resize`` of uint8 tensors),
-and mirrored by the copy. Without DCT scaling the pixels equal a full decode followed by
-the same crop and resize on the tensor; with it they differ by a few levels.
+The box comes from a :class:`readers.images.crop.Crop`. A JPEG whose box stays at least
+:data:`readers.images.jpeg.DCT_REDUCING_GAP` times the output in both directions once
+scaled down in the DCT domain (1/2, 1/4 or 1/8) decodes so scaled, as the converter's
+resize does (:func:`readers.images.jpeg.crop_dct_divisors`, decided once per batch for
+both paths), everything else at full size; the box is then copied into the row, or
+resized with torch's antialiased bilinear (torchvision's ``resize`` of uint8 tensors), and
+mirrored by the copy. Without DCT scaling the pixels equal a full decode followed by the
+same crop and resize on the tensor; with it they stay within a fraction of a level on
+average (the antialiased resize still does the last >= 2.5x).
 
 Upright, complete baseline/progressive JPEGs go to the compiled kernel
 (:mod:`readers.images.kernel`): one call per decode thread, the threads taking the batch's
 JPEGs one at a time from a shared counter, the GIL released, only the box decoded; it
-places a DCT-scaled box at its exact (fractional) position, so it comes closer to the full
-decode than the rounded box below. The Python path, for everything else and wherever the
-kernel is missing or refuses a sample: other upright JPEGs through libjpeg-turbo
-(:mod:`readers.images.turbo`); everything else, and any JPEG libjpeg-turbo fails or warns
-on, decoded by :func:`readers.decode_image` (PyTurboJPEG, else Pillow: the same judge of
-damaged files as every other path) and cropped from its pixels.
+places a DCT-scaled box at its exact (fractional) position. So does the Python path
+(Pillow's resize of the box's fractional edges: torch's filter), for everything else and
+wherever the kernel is missing or refuses a sample: other upright JPEGs through
+libjpeg-turbo (:mod:`readers.images.turbo`); everything else, and any JPEG libjpeg-turbo
+fails or warns on, decoded by :func:`readers.decode_image` (PyTurboJPEG, else Pillow: the
+same judge of damaged files as every other path) and cropped from its pixels.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from readers.images.crop import Crop
 from readers.images.decode import check_pixels, decode_image, decoder_name, pixel_limit
-from readers.images.jpeg import JPEG_EOI, is_jpeg, jpeg_header
+from readers.images.jpeg import JPEG_EOI, crop_dct_divisors, is_jpeg, jpeg_header
 from readers.images.kernel import (
     HEIGHT,
     WIDTH,
@@ -49,23 +53,14 @@ __all__ = [
     "Probe",
     "crop_parts",
     "crop_python",
-    "dct_factor",
     "fill_decoded",
     "fill_row",
     "place",
+    "place_scaled",
     "plan_crops",
     "probe",
     "resize",
 ]
-
-
-def dct_factor(box_h: int, box_w: int, out_h: int, out_w: int) -> int:
-    """The largest DCT scaling divisor (8, 4, 2) that keeps the box at least the output's
-    size, or 1 when the box is not resized down by 2x or more."""
-    for d in (8, 4, 2):
-        if box_h // d >= out_h and box_w // d >= out_w:
-            return d
-    return 1
 
 
 def resize(pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -92,6 +87,19 @@ def place(src: np.ndarray, box: np.ndarray, out: np.ndarray) -> None:
     if view.shape[:2] != out.shape[:2]:
         chw = torch.from_numpy(view).permute(2, 0, 1)
         view = resize(chw, out.shape[:2]).permute(1, 2, 0).numpy()
+    np.copyto(out, view[:, ::-1] if flip else view)
+
+
+def place_scaled(pixels: np.ndarray, box: np.ndarray, divisor: int, out: np.ndarray) -> None:
+    """Write ``box`` (top, left, height, width, flip, in full-size pixels, inside the image)
+    of the HWC ``pixels`` decoded DCT-scaled by ``divisor`` into the HWC row ``out``: the
+    box at its exact fractional position in the scaled pixels, as the kernel places it,
+    resized by Pillow's antialiased bilinear (torch's filter and weights, rounded alike to
+    within a level), mirrored if asked."""
+    top, left, bh, bw, flip = (int(v) for v in box)
+    edges = (left / divisor, top / divisor, (left + bw) / divisor, (top + bh) / divisor)
+    size = (out.shape[1], out.shape[0])
+    view = np.asarray(Image.fromarray(pixels).resize(size, Image.Resampling.BILINEAR, edges))
     np.copyto(out, view[:, ::-1] if flip else view)
 
 
@@ -122,9 +130,11 @@ def probe(value: bytes | memoryview | np.ndarray, turbo: TurboDecoder | None) ->
     return Probe(data, header[1], header[0])
 
 
-def fill_row(found: Probe, box: np.ndarray, out: np.ndarray, turbo: TurboDecoder | None) -> None:
+def fill_row(
+    found: Probe, box: np.ndarray, out: np.ndarray, turbo: TurboDecoder | None, divisor: int = 1
+) -> None:
     """Place ``box`` of a probed sample into the HWC row ``out``, decoding a JPEG scaled
-    down in the DCT domain when the box allows.
+    down in the DCT domain by ``divisor`` (:func:`readers.images.jpeg.crop_dct_divisors`).
 
     Raises:
         ValueError: a JPEG libjpeg-turbo rejects that Pillow cannot decode either.
@@ -132,20 +142,14 @@ def fill_row(found: Probe, box: np.ndarray, out: np.ndarray, turbo: TurboDecoder
     if isinstance(found.value, np.ndarray):
         place(found.value, box, out)
         return
-    top, left, bh, bw, flip = (int(v) for v in box)
-    height, width = found.height, found.width
-    inside = top >= 0 and left >= 0 and top + bh <= height and left + bw <= width
-    d = dct_factor(bh, bw, *out.shape[:2]) if inside else 1
     data = np.frombuffer(found.value, dtype=np.uint8)
-    pixels = turbo.decode(data, width, height, d) if turbo is not None else None
+    pixels = turbo.decode(data, found.width, found.height, divisor) if turbo else None
     if pixels is None:  # CMYK, damaged...: judged and decoded at full size as everywhere
         place(decode_image(found.value), box, out)
-        return
-    if d > 1:  # the box's edges in the scaled image, to the nearest pixel
-        top, bottom = round(top / d), min(round((top + bh) / d), pixels.shape[0])
-        left, right = round(left / d), min(round((left + bw) / d), pixels.shape[1])
-        bh, bw = bottom - top, right - left
-    place(pixels, np.array([top, left, bh, bw, flip]), out)
+    elif divisor > 1:
+        place_scaled(pixels, box, divisor, out)
+    else:
+        place(pixels, box, out)
 
 
 def fill_decoded(value: bytes | memoryview, crop: Crop, index: int, out: np.ndarray) -> None:
@@ -164,6 +168,7 @@ class CropPlan(NamedTuple):
     found: list[Probe | None]  # the others: probed for the Python path, or None (not sized)
     sizes: np.ndarray  # int64 [n, 2]: upright height, width, where known
     boxes: np.ndarray  # int64 [n, 5]: top, left, height, width, flip, where known
+    divisors: np.ndarray  # int64 [n]: each JPEG's DCT scaling, for the kernel and Python alike
 
 
 def _named(where: Callable[[int], str], row: int, fn: Callable[[], Any]) -> Any:
@@ -203,7 +208,8 @@ def plan_crops(
     boxes = np.zeros((n, 5), dtype=np.int64)
     if known.any():
         boxes[known] = crop.boxes(sizes[known], indices[known])
-    return CropPlan(kernel, fast, found, sizes, boxes)
+    divisors = crop_dct_divisors(boxes, sizes, crop.size)  # 1 for unknown rows (no box)
+    return CropPlan(kernel, fast, found, sizes, boxes, divisors)
 
 
 def crop_python(
@@ -232,7 +238,8 @@ def crop_python(
         if probed is None:
             fill = partial(fill_decoded, values[row], crop, int(indices[row]), rows[row])
         else:
-            fill = partial(fill_row, probed, plan.boxes[row], rows[row], turbo)
+            box, divisor = plan.boxes[row], int(plan.divisors[row])
+            fill = partial(fill_row, probed, box, rows[row], turbo, divisor)
         _named(where, row, fill)
 
 
@@ -268,7 +275,16 @@ def crop_parts(
     if plan.kernel is not None and len(taken):
         next_row = np.zeros(1, dtype=np.int64)
         share = partial(
-            crop_shared, plan.kernel, values, taken, plan.boxes, plan.sizes, rows, status, next_row
+            crop_shared,
+            plan.kernel,
+            values,
+            taken,
+            plan.boxes,
+            plan.sizes,
+            rows,
+            status,
+            next_row,
+            plan.divisors,
         )
         run(lambda _: share(verified=verified), range(max(min(threads, len(taken)), 1)), threads)
     todo = np.flatnonzero(~plan.fast | (status != 0))

@@ -10,10 +10,10 @@
  *                         for each row in `rows`: decode the box `boxes[row]` of the JPEG
  *                         `values[row]` (of the size `sizes[row]`) with libjpeg
  *                         (jpeg_crop_scanline for its columns, jpeg_skip_scanlines to an iMCU
- *                         row above it, a scaled IDCT when the box is at least twice the
- *                         output, or by the denominator `dct` when the caller gives one (1,
- *                         2, 4, 8: the converter's own rule), the box then kept at its
- *                         fractional position), resize it
+ *                         row above it, the IDCT scaled by the denominator `dct[row]` (1,
+ *                         2, 4, 8, chosen by the caller: readers.images.jpeg's reducing-gap
+ *                         rule; none given: 1), the box then kept at its fractional
+ *                         position), resize it
  *                         with torch's uint8 antialiased bilinear (bit-exact; AVX2 where the
  *                         CPU has it), mirror it if asked, and store it into `out[row]`
  *                         (uint8 [n, out_h, out_w, 3], or with `planar` [n, 3, out_h,
@@ -859,13 +859,6 @@ typedef struct {
     int64_t top, left, height, width, flip;
 } Box;
 
-/* fused.dct_factor: the largest divisor (8, 4, 2) keeping the box at least the output. */
-static int dct_factor(int64_t bh, int64_t bw, int out_h, int out_w) {
-    for (int d = 8; d >= 2; d /= 2)
-        if (bh / d >= out_h && bw / d >= out_w) return d;
-    return 1;
-}
-
 static int64_t ceil_div(int64_t v, int d) { return (v + d - 1) / d; }
 
 /* --- restart intervals: the part of a JPEG that a box needs ----------------------------- */
@@ -1084,7 +1077,7 @@ static int crop_bytes(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, 
     int64_t img_h = cinfo->image_height, img_w = cinfo->image_width;
     int inside = box.top >= 0 && box.left >= 0 && box.top + box.height <= img_h &&
                  box.left + box.width <= img_w;
-    int d = !inside ? 1 : dct > 0 ? dct : dct_factor(box.height, box.width, out_h, out_w);
+    int d = inside ? dct : 1; /* a box reaching outside the image is padded at full size */
     cinfo->out_color_space = JCS_RGB;
     cinfo->scale_num = 1;
     cinfo->scale_denom = (unsigned)d;
@@ -1200,31 +1193,35 @@ static int crop_one(j_decompress_ptr cinfo, Errors *errors, Bytes b, Box box, ui
 
 static PyObject *crop(PyObject *self, PyObject *args) {
     PyObject *values, *rows_obj, *boxes_obj, *out_obj, *status_obj, *sizes_obj, *next_obj = Py_None;
-    int out_h, out_w, dct = 0, verified = 0, planar = 0;
+    PyObject *dct_obj = Py_None;
+    int out_h, out_w, verified = 0, planar = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!OOOOOii|ippO", &PyList_Type, &values, &rows_obj, &boxes_obj,
-                          &sizes_obj, &out_obj, &status_obj, &out_h, &out_w, &dct, &verified,
+    if (!PyArg_ParseTuple(args, "O!OOOOOii|OppO", &PyList_Type, &values, &rows_obj, &boxes_obj,
+                          &sizes_obj, &out_obj, &status_obj, &out_h, &out_w, &dct_obj, &verified,
                           &planar, &next_obj))
         return NULL;
     if (out_h <= 0 || out_w <= 0) {
         PyErr_SetString(PyExc_ValueError, "the output size must be positive");
         return NULL;
     }
-    if (dct != 0 && dct != 1 && dct != 2 && dct != 4 && dct != 8) {
-        PyErr_SetString(PyExc_ValueError, "dct must be 0 (the crop rule), 1, 2, 4 or 8");
-        return NULL;
-    }
     Py_ssize_t n = PyList_GET_SIZE(values);
-    Py_buffer rows_v, boxes_v, sizes_v, out_v, status_v, next_v = {0};
+    Py_buffer rows_v, boxes_v, sizes_v, out_v, status_v, next_v = {0}, dct_v = {0};
     int64_t own_next = 0, *next = &own_next; /* the index in `rows` of the next row to take */
+    if (dct_obj != Py_None && get_array(dct_obj, &dct_v, 0, sizeof(int64_t), n, "dct") < 0)
+        return NULL;
     if (next_obj != Py_None) {
-        if (get_array(next_obj, &next_v, 1, sizeof(int64_t), 1, "next") < 0) return NULL;
+        if (get_array(next_obj, &next_v, 1, sizeof(int64_t), 1, "next") < 0) {
+            if (dct_v.obj != NULL) PyBuffer_Release(&dct_v);
+            return NULL;
+        }
         next = next_v.buf;
     }
     if (PyObject_GetBuffer(rows_obj, &rows_v, PyBUF_C_CONTIGUOUS) < 0) {
         if (next_v.obj != NULL) PyBuffer_Release(&next_v);
+        if (dct_v.obj != NULL) PyBuffer_Release(&dct_v);
         return NULL;
     }
+    const int64_t *dcts = dct_v.buf; /* NULL: every row at full scale */
     Py_ssize_t m = rows_v.len / (Py_ssize_t)sizeof(int64_t);
     const int64_t *rows = rows_v.buf;
     int got = 0;
@@ -1238,6 +1235,11 @@ static PyObject *crop(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0; ok && k < m; k++)
         if (rows[k] < 0 || rows[k] >= n) {
             PyErr_Format(PyExc_IndexError, "row %lld of a batch of %zd", (long long)rows[k], n);
+            ok = 0;
+        } else if (dcts != NULL && dcts[rows[k]] != 1 && dcts[rows[k]] != 2 &&
+                   dcts[rows[k]] != 4 && dcts[rows[k]] != 8) {
+            PyErr_Format(PyExc_ValueError, "dct[%lld] is %lld, not 1, 2, 4 or 8",
+                         (long long)rows[k], (long long)dcts[rows[k]]);
             ok = 0;
         }
     if (ok) {
@@ -1277,7 +1279,8 @@ static PyObject *crop(PyObject *self, PyObject *args) {
                 Box box = {bx[0], bx[1], bx[2], bx[3], bx[4]};
                 status[row] = box.height > 0 && box.width > 0
                                   ? crop_one(&cinfo, &errors, bytes[k], box, out + row * row_bytes, out_h,
-                                             out_w, sizes[row * 2], sizes[row * 2 + 1], dct,
+                                             out_w, sizes[row * 2], sizes[row * 2 + 1],
+                                             dcts != NULL ? (int)dcts[row] : 1,
                                              verified, planar, scratch)
                                   : CROP_UNSUPPORTED;
             }
@@ -1298,6 +1301,7 @@ static PyObject *crop(PyObject *self, PyObject *args) {
     if (got > 0) PyBuffer_Release(&boxes_v);
     PyBuffer_Release(&rows_v);
     if (next_v.obj != NULL) PyBuffer_Release(&next_v);
+    if (dct_v.obj != NULL) PyBuffer_Release(&dct_v);
     if (!ok) return NULL;
     Py_RETURN_NONE;
 }
@@ -1402,9 +1406,9 @@ static PyMethodDef methods[] = {
     {"crop", crop, METH_VARARGS,
      "crop(values, rows, boxes, sizes, out, status, out_h, out_w[, dct[, verified[, planar[, next]]]]): "
      "decode, crop, resize and mirror values[row] into out[row] for each row, the GIL "
-     "released; status[row] 0 or the reason to decode it another way. dct: the IDCT's scale "
-     "denominator (1, 2, 4, 8) for boxes inside the image; 0 (default) picks the largest "
-     "keeping the box at least the output. verified: stop decoding after the box. planar: "
+     "released; status[row] 0 or the reason to decode it another way. dct: int64 [n], each "
+     "row's IDCT scale denominator (1, 2, 4, 8) for a box inside the image; None (default): "
+     "1. verified: stop decoding after the box. planar: "
      "out is [n, 3, out_h, out_w] instead of [n, out_h, out_w, 3]. next: an int64 [1] "
      "(from 0) that calls on other threads share, each taking the next of rows by an "
      "atomic increment."},

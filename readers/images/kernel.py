@@ -5,9 +5,10 @@ JPEG markers at once (what :func:`readers.images.jpeg.jpeg_header` reads, plus t
 type and components), and :func:`crop_shared`, called once by each decode thread, the
 threads taking the batch's rows one at a time from a shared counter (:func:`crop_rows` for
 one thread), decodes only the box of each JPEG (libjpeg's ``jpeg_crop_scanline`` and
-``jpeg_skip_scanlines``; a scaled IDCT under :func:`readers.images.fused.dct_factor`'s
-rule), resizes it with a port of torch's uint8 antialiased bilinear (bit-exact) and stores
-it, mirrored if asked, straight into its batch row. Verified bytes (see :func:`crop_rows`)
+``jpeg_skip_scanlines``; the IDCT scaled by each box's divisor, by default the
+reducing-gap rule of :func:`readers.images.jpeg.crop_dct_divisors`), resizes it with a
+port of torch's uint8 antialiased bilinear (bit-exact) and stores it, mirrored if asked,
+straight into its batch row. Verified bytes (see :func:`crop_rows`)
 whose restart markers cut every MCU row into intervals, as the converter writes them
 (:func:`readers.images.decode.encode_jpeg`), decode only the intervals around the box: the
 entropy decode, most of a small JPEG's cost, then skips the rows above the box and the
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from readers.compiled import COMPILED_ENV, compiled_off
+from readers.images.jpeg import crop_dct_divisors
 
 __all__ = [
     "KERNEL_ENV",
@@ -94,16 +96,17 @@ def crop_rows(
     boxes: np.ndarray,
     sizes: np.ndarray,
     out: np.ndarray,
-    dct_denominator: int | None = None,
+    dct_denominator: int | np.ndarray | None = None,
     verified: bool = False,
 ) -> np.ndarray:
     """Decode the ``boxes`` (``[n, 5]`` top, left, height, width, flip) of the JPEGs
     ``values[rows]`` (of upright ``sizes``, ``[n, 2]`` height, width) into ``out[rows]``
     (uint8 ``[n, H, W, 3]``: C-contiguous, or the HWC view of a C-contiguous ``[n, 3, H,
     W]``, which the kernel then fills plane by plane) in one call without the GIL; returns
-    the rows it could not decode, for the Python path. ``dct_denominator`` (1, 2, 4, 8)
-    scales the IDCT of boxes inside the image by the caller's rule (the converter's); None:
-    by :func:`readers.images.fused.dct_factor`'s. ``verified`` (the bytes passed their
+    the rows it could not decode, for the Python path. ``dct_denominator`` (1, 2, 4, 8, one
+    for every box or int64 ``[n]``, one per value) scales the IDCT of boxes inside the
+    image; None: :func:`readers.images.jpeg.crop_dct_divisors` (the reducing-gap rule the
+    Python path follows too). ``verified`` (the bytes passed their
     CRC-32, see :attr:`readers.formats.reader.ShardReader.verified`) stops each decode after
     the box's last row and, where restart markers allow, decodes only the intervals around
     the box; otherwise the rest is entropy-decoded too, so that damage anywhere in the file
@@ -123,7 +126,7 @@ def crop_shared(
     out: np.ndarray,
     status: np.ndarray,
     next_row: np.ndarray | None,
-    dct_denominator: int | None = None,
+    dct_denominator: int | np.ndarray | None = None,
     verified: bool = False,
 ) -> None:
     """:func:`crop_rows`, as one of several decode threads' calls sharing ``rows``: given
@@ -131,6 +134,10 @@ def crop_shared(
     atomic increment, so the threads finish together whatever each box costs. Writes
     ``status[row]`` (int32 ``[len(values)]``) for every row: 0, or why the Python path must
     decode it; read it once every call has returned."""
+    if dct_denominator is None:
+        dct_denominator = crop_dct_divisors(boxes, sizes, out.shape[1:3])
+    elif np.ndim(dct_denominator) == 0:
+        dct_denominator = np.full(len(values), dct_denominator, dtype=np.int64)
     planes = out.transpose(0, 3, 1, 2)
     planar = not out.flags.c_contiguous
     if planar and not planes.flags.c_contiguous:
@@ -143,7 +150,7 @@ def crop_shared(
         planes if planar else out,
         status,
         *out.shape[1:3],
-        dct_denominator or 0,
+        np.ascontiguousarray(dct_denominator, dtype=np.int64),
         verified,
         planar,
         next_row,

@@ -96,7 +96,7 @@ def kernel_stages(
                 o = out(i)
                 k.crop(
                     [values[i]], one[i], which[i : i + 1], sizes[i : i + 1], o, status,
-                    o.shape[1], o.shape[2], 0, verified,
+                    o.shape[1], o.shape[2], None, verified,
                 )  # fmt: skip
 
         return run
