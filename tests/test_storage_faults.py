@@ -160,6 +160,18 @@ def test_permission_denied_is_one_line_naming_the_url(tmp_path):
         options = {"key": nobody["AWS_ACCESS_KEY_ID"], "secret": nobody["AWS_SECRET_ACCESS_KEY"]}
         with pytest.raises(readers.StorageError, match=f"{url}/imgpack.json: permission denied"):
             readers.open_dataset(url, storage_options=options)
+        # A wrong secret and an unknown key are not "permission denied": the server
+        # refused the credentials themselves.
+        wrong_secret = {**keys["reader"], "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
+        unknown_key = {**keys["reader"], "AWS_ACCESS_KEY_ID": "AKIANOSUCHKEY0000000"}
+        for env, code in (
+            (wrong_secret, "SignatureDoesNotMatch"),
+            (unknown_key, "InvalidAccessKeyId"),
+        ):
+            result = imgpack("info", url, env=env)
+            line = one_line_error(result.stderr, result.returncode)
+            prefix = f"Error: {url}/imgpack.json: the server refused the credentials ({code}: "
+            assert line.startswith(prefix) and "permission denied" not in line, line
 
 
 def test_a_missing_bucket_is_refused_before_the_source_is_scanned(server, tmp_path):
@@ -231,9 +243,10 @@ def test_the_server_stopped_mid_upload_is_one_line_with_the_uploaded_count(tmp_p
 
 
 @contextlib.contextmanager
-def misbehaving_endpoint(drop: bool) -> Iterator[str]:
-    """A loopback TCP server that reads each request, then closes the connection (``drop``)
-    or never answers; yields its URL."""
+def misbehaving_endpoint(fault: str) -> Iterator[str]:
+    """A loopback TCP server that reads each request, then closes the connection
+    (``"drop"``), never answers (``"stall"``) or sends the headers of a 200 response and
+    never its body (``"stall-body"``); yields its URL."""
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.1)  # so that the loop sees ``stop``
     stop = threading.Event()
@@ -246,10 +259,12 @@ def misbehaving_endpoint(drop: bool) -> Iterator[str]:
             except TimeoutError:
                 continue
             connection.recv(65536)
-            if drop:
+            if fault == "drop":
                 connection.close()
-            else:
-                held.append(connection)
+                continue
+            if fault == "stall-body":
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n{")
+            held.append(connection)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -263,11 +278,11 @@ def misbehaving_endpoint(drop: bool) -> Iterator[str]:
             connection.close()
 
 
-@pytest.mark.parametrize(("drop", "why"), [(True, "connection lost"), (False, "timed out")])
-def test_a_server_that_drops_or_stalls_the_connection_is_named(drop, why, monkeypatch):
+@pytest.mark.parametrize(("fault", "why"), [("drop", "connection lost"), ("stall", "timed out")])
+def test_a_server_that_drops_or_stalls_the_connection_is_named(fault, why, monkeypatch):
     # s3fs retries each read 5 x 5 times (nested), which is 25 s of timeouts here: once
     monkeypatch.setattr(fsspec.get_filesystem_class("s3"), "retries", 1)
-    with misbehaving_endpoint(drop) as endpoint:
+    with misbehaving_endpoint(fault) as endpoint:
         options = {
             "endpoint_url": endpoint,
             "key": "testing",
@@ -280,3 +295,47 @@ def test_a_server_that_drops_or_stalls_the_connection_is_named(drop, why, monkey
             readers.StorageError, match=re.escape(f"{DATASET}/imgpack.json: {cause}")
         ):
             readers.open_dataset(DATASET, storage_options=options)
+
+
+STALL_S = 2  # IMGPACK_STORAGE_TIMEOUT in the stalled-server test
+
+
+@pytest.mark.parametrize("fault", ["stall", "stall-body"])
+def test_a_stalled_server_is_one_line_within_the_storage_timeout(fault):
+    # The clients' own retries and read timeouts as they are by default (s3fs: 15 s a
+    # read, 5 x 5 tries; botocore: 5): without a limit on the whole call, minutes.
+    cause = (
+        f"no answer from the storage server within {STALL_S} s (timed out; IMGPACK_STORAGE_TIMEOUT)"
+    )
+    read = (
+        "import readers, sys\n"
+        "try:\n"
+        "    readers.open_dataset(sys.argv[1])\n"
+        "except readers.StorageError as e:\n"
+        "    print(e.url, e.cause, sep='|')\n"
+    )
+    with misbehaving_endpoint(fault) as endpoint:
+        env = {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_MAX_ATTEMPTS": None,
+            "IMGPACK_STORAGE_TIMEOUT": str(STALL_S),
+        }
+        environ = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+        for command in (
+            [sys.executable, "-m", "convert.cli", "info", DATASET],
+            [sys.executable, "-c", read, DATASET],
+        ):
+            started = time.monotonic()
+            result = subprocess.run(
+                command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=60
+            )
+            elapsed = time.monotonic() - started
+            if "convert.cli" in command:
+                line = one_line_error(result.stderr, result.returncode)
+                assert line == f"Error: {DATASET}/imgpack.json: {cause}", line
+            else:
+                assert result.stdout == f"{DATASET}/imgpack.json|{cause}\n", result.stderr
+            assert elapsed < STALL_S + 10, elapsed  # the interpreter's start and imports

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from readers.formats.reader import ShardReader, check_fetched
 from readers.spec import DatasetError, Layout
 from readers.storage.remote import RemoteFolder
 
-__all__ = ["RangedWdsShard", "WdsShard", "parse_index", "read_index"]
+__all__ = ["RangedWdsShard", "WdsShard", "missing_index", "parse_index", "read_index"]
 
 
 def read_index(tar_path: str, tar_size: int) -> dict[str, list[Any]]:
@@ -42,9 +43,19 @@ def read_index(tar_path: str, tar_size: int) -> dict[str, list[Any]]:
     try:
         with open(path, "rb") as f:
             data = f.read()
+    except FileNotFoundError:
+        raise DatasetError(missing_index(path)) from None
     except OSError as e:
         raise DatasetError(f"{path}: missing or invalid tar index: {e}") from e
     return parse_index(data, path, tar_size)
+
+
+def missing_index(where: str) -> str:
+    """The message for a tar whose index ``where`` is missing: the tar may be intact."""
+    return (
+        f"{where}: the tar's index is missing (the tar alone cannot be read at random; "
+        "copy the dataset folder whole, or convert again)"
+    )
 
 
 def parse_index(data: bytes, where: str, tar_size: int) -> dict[str, list[Any]]:
@@ -90,6 +101,9 @@ class WdsShard(ShardReader):
     def __init__(self, path: str, layout: Layout) -> None:
         self._path, self._shape = path, layout.shape
         self._fd: int | None = os.open(path, os.O_RDONLY)
+        # Closed when the shard is collected, or at interpreter exit before modules are torn
+        # down (a __del__ then ran when os could be gone: "Exception ignored in __del__").
+        weakref.finalize(self, os.close, self._fd)
         self._set_index(read_index(path, os.fstat(self._fd).st_size))
 
     def _set_index(self, index: dict[str, list[Any]]) -> None:
@@ -142,10 +156,6 @@ class WdsShard(ShardReader):
     def path(self, i: int) -> str:
         return self._paths[i]
 
-    def __del__(self) -> None:
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
-
 
 class RangedWdsShard(WdsShard):
     """A tar shard in object storage, read through its index by byte ranges (requests for
@@ -160,12 +170,12 @@ class RangedWdsShard(WdsShard):
     ) -> None:
         self._path, self._fd, self._shape = remote.url_of(name), None, layout.shape
         self._remote, self._name = remote, name
-        index_name = name + spec.WDS_INDEX_SUFFIX
+        index_url = remote.url_of(name + spec.WDS_INDEX_SUFFIX)
         try:
-            data = remote.read(index_name)
-        except OSError as e:
-            raise DatasetError(f"{remote.url_of(index_name)}: missing tar index: {e}") from e
-        self._set_index(parse_index(data, remote.url_of(index_name), tar_size))
+            data = remote.read(name + spec.WDS_INDEX_SUFFIX)
+        except FileNotFoundError:
+            raise DatasetError(missing_index(index_url)) from None
+        self._set_index(parse_index(data, index_url, tar_size))
 
     def fetch(self, i: int) -> bytes | np.ndarray:
         return self._fetch_many([i])[0]
@@ -178,9 +188,12 @@ class RangedWdsShard(WdsShard):
     def _fetch_many(self, indices: list[int]) -> list[bytes | np.ndarray]:
         """:meth:`fetch` of each of ``indices``, their byte ranges requested in one round."""
         starts = self._offsets[indices]
-        blobs = self._remote.read_ranges(
-            self._name, starts.tolist(), (starts + self._sizes[indices]).tolist()
-        )
+        try:
+            blobs = self._remote.read_ranges(
+                self._name, starts.tolist(), (starts + self._sizes[indices]).tolist()
+            )
+        except FileNotFoundError:  # deleted since its index was read
+            raise DatasetError(f"{self._path}: shard listed in the manifest is missing") from None
         return [self._value(i, data) for i, data in zip(indices, blobs, strict=True)]
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:

@@ -96,7 +96,13 @@ class Location:
         names = {info.path: info.sha256, **{info.path + s: h for s, h in info.sidecars.items()}}
         try:
             self.cache.fetch(self.remote, names, {info.path: info.bytes})
-        except FileNotFoundError:
+        except FileNotFoundError as e:
+            if e.filename in names and e.filename != info.path:  # a sidecar: the wds index
+                raise DatasetError(
+                    f"{self.where(e.filename)}: the index of shard {index} is missing (the "
+                    "shard cannot be read without it; copy the dataset folder whole, or "
+                    "convert again)"
+                ) from None
             raise DatasetError(
                 f"{self.where(info.path)}: shard {index} listed in the manifest is missing"
             ) from None

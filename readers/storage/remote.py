@@ -11,121 +11,61 @@ shard they open into a local cache (:class:`readers.storage.cache.ShardCache`); 
 byte ranges of the tars, never whole shards.
 
 Faults are translated here, once: every call :class:`RemoteFolder` makes into fsspec turns
-what the storage client raised (botocore's ``EndpointConnectionError``, aiohttp's
-``ServerDisconnectedError``, a ``PermissionError``...) into a :class:`StorageError` that
-names the URL and the cause in one line; the original stays chained as its ``__cause__``.
+what the storage client raised into a :class:`~readers.storage.faults.StorageError` that
+names the URL and the cause in one line (:mod:`readers.storage.faults`).
 ``FileNotFoundError`` is not a fault: it passes through for the callers that expect it.
+
+A server that stops answering never blocks a reader for long: each call into an async
+filesystem (s3fs, gcsfs, adlfs, HTTP) must complete within ``$IMGPACK_STORAGE_TIMEOUT``
+seconds (default 60), plus one second per MiB it moves, whatever the client's own
+retries; past it, the request is cancelled and a ``StorageError`` says "timed out".
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
-import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from readers.spec import DatasetError
+from readers.storage.faults import StorageError, refused_credentials, storage_error, timed_out
 
-__all__ = ["RemoteFolder", "StorageError", "is_url", "local_path", "storage_error"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "TIMEOUT_ENV",
+    "RemoteFolder",
+    "StorageError",
+    "is_url",
+    "local_path",
+    "storage_error",
+    "storage_timeout",
+]
 
 _MERGE_GAP = 1 << 20  # bytes between two ranges worth reading rather than a second request
 _MAX_BLOCK = 64 << 20  # largest merged range
+_DOWNLOAD_CHUNK = 8 << 20  # bytes a download requests at a time
+TIMEOUT_ENV = "IMGPACK_STORAGE_TIMEOUT"
+DEFAULT_TIMEOUT_S = 60.0
+_SLOWEST_RATE = 1 << 20  # bytes a second: a call's time limit grows by 1 s a MiB it moves
 
 
-class StorageError(DatasetError):
-    """Object storage could not be used: unreachable, no credentials, permission denied,
-    a connection lost. The message names the URL and the cause; ``url`` and ``cause`` hold
-    them (None after a DataLoader worker re-raises it from its message)."""
-
-    def __init__(self, message: str, *, url: str | None = None, cause: str | None = None) -> None:
-        super().__init__(message)
-        self.url, self.cause = url, cause
-
-
-# What a storage client's exception says, by the names of its classes (the client
-# libraries are optional imports; the names are their documented exception types).
-_NO_CREDENTIALS = {
-    "NoCredentialsError",
-    "PartialCredentialsError",
-    "CredentialRetrievalError",
-    "DefaultCredentialsError",  # google-auth
-    "ClientAuthenticationError",  # azure-core
-}
-_CONNECTION_LOST = {
-    "ConnectionResetError",
-    "BrokenPipeError",
-    "ServerDisconnectedError",
-    "ClientPayloadError",
-    "ConnectionClosedError",
-    "IncompleteRead",
-}
-_CREDENTIAL_HINTS = {"s3": "set AWS_* or ~/.aws", "s3a": "set AWS_* or ~/.aws"}
-
-
-def storage_error(url: str, error: BaseException) -> StorageError:
-    """The :class:`StorageError` for what a storage client raised while using ``url``."""
-    chain = _chain(error)
-    names = {c.__name__ for e in chain for c in type(e).__mro__}
-    if names & _NO_CREDENTIALS:
-        scheme = url.split("://", 1)[0]
-        hint = _CREDENTIAL_HINTS.get(scheme, f"configure credentials for {scheme}://")
-        return StorageError(f"no credentials for {url} ({hint})", url=url, cause="no credentials")
-    if any(isinstance(e, PermissionError) for e in chain):
-        cause = f"permission denied ({_one_line(error)})"
-        return StorageError(f"{url}: {cause}", url=url, cause=cause)
-    why = _connection_fault(chain, names)
-    if why is not None:
-        endpoint = _endpoint(chain)
-        cause = f"cannot reach the storage endpoint{f' {endpoint}' if endpoint else ''} ({why})"
-        return StorageError(f"{url}: {cause}", url=url, cause=cause)
-    cause = f"storage error ({type(error).__name__}: {_one_line(error)})"
-    return StorageError(f"{url}: {cause}", url=url, cause=cause)
-
-
-def _chain(error: BaseException) -> list[BaseException]:
-    """``error`` and the exceptions it was raised from or during, outermost first."""
-    chain: list[BaseException] = []
-    while error is not None and error not in chain:
-        chain.append(error)
-        error = error.__cause__ or error.__context__
-    return chain
-
-
-def _connection_fault(chain: list[BaseException], names: set[str]) -> str | None:
-    """Why a connection failed, in words, or None if this is no connection fault."""
-    if any(isinstance(e, ConnectionRefusedError) for e in chain):
-        return "connection refused"
-    if any(isinstance(e, socket.gaierror) for e in chain):
-        return "unknown host"
-    if names & _CONNECTION_LOST:
-        return "connection lost"
-    if any(isinstance(e, TimeoutError) for e in chain) or any("Timeout" in n for n in names):
-        return "timed out"
-    if any(isinstance(e, ConnectionError) for e in chain) or "EndpointConnectionError" in names:
-        return "cannot connect"
-    return None
-
-
-def _endpoint(chain: list[BaseException]) -> str | None:
-    """``scheme://host:port`` of the server a client failed to reach, where it says."""
-    for e in chain:
-        url = getattr(e, "kwargs", {}).get("endpoint_url")  # botocore's errors
-        if isinstance(url, str) and "://" in url:
-            parts = urlsplit(url)
-            return f"{parts.scheme}://{parts.netloc}"
-        host, port = getattr(e, "host", None), getattr(e, "port", None)  # aiohttp's
-        if isinstance(host, str) and port:
-            return f"{host}:{port}"
-    return None
-
-
-def _one_line(error: BaseException) -> str:
-    return re.sub(r"\s+", " ", str(error)).strip() or type(error).__name__
+def storage_timeout() -> float:
+    """The seconds a storage call may take before it fails (plus 1 s a MiB it moves):
+    ``$IMGPACK_STORAGE_TIMEOUT`` or 60; ValueError naming the variable if it is no number."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"{TIMEOUT_ENV}={text!r}: expected seconds, a number above 0")
+    return seconds
 
 
 def _is_fault(error: Exception) -> bool:
@@ -154,9 +94,15 @@ class RemoteFolder:
     there. Picklable; the filesystem is made on first use in each process (fsspec keeps one
     instance per process, so a DataLoader worker never shares a forked connection pool)."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
+        self.timeout = storage_timeout() if timeout is None else timeout  # see the module
         self._opened: tuple[int, Any, str] | None = None  # (pid, filesystem, root path)
 
     @property
@@ -205,6 +151,43 @@ class RemoteFolder:
                 raise
             raise storage_error(self.url_of(name), e) from e
 
+    def _call(self, name: str, method: str, *args: Any, nbytes: int = 0, **kwargs: Any) -> Any:
+        """``fs.method(*args, **kwargs)`` about ``name``, its faults as StorageErrors; on an
+        async filesystem within :attr:`timeout` seconds plus one a MiB of ``nbytes``
+        (fsspec cancels the request then, whatever retries the client was making)."""
+        fs = self.fs
+        limit = None
+        if getattr(fs, "async_impl", False):
+            limit = self.timeout + nbytes / _SLOWEST_RATE
+            kwargs["timeout"] = limit
+        try:
+            with self._faults(name):
+                return getattr(fs, method)(*args, **kwargs)
+        except StorageError as e:
+            if limit is not None and type(e.__cause__).__name__ == "FSTimeoutError":
+                raise timed_out(self.url_of(name), limit, TIMEOUT_ENV) from e.__cause__
+            if isinstance(e.__cause__, PermissionError) and not refused_credentials(e):
+                refused = self._credentials_refusal()
+                if refused is not None:
+                    raise storage_error(self.url_of(name), refused) from refused
+            raise
+
+    def _credentials_refusal(self) -> Exception | None:
+        """After a refusal that does not say why (a 403 to a HEAD request has no body):
+        the error of listing the bucket if that says the credentials are refused (an
+        unknown key, a wrong secret), else None (permission denied, as it said)."""
+        bucket = self.bucket
+        if bucket is None:
+            return None
+        self.fs.invalidate_cache(bucket)
+        try:
+            self.fs.ls(
+                bucket, detail=False, **({"timeout": self.timeout} if self.fs.async_impl else {})
+            )
+        except Exception as e:
+            return e if refused_credentials(e) else None
+        return None
+
     @property
     def bucket(self) -> str | None:
         """The bucket (container) this folder lies in, for object stores that have them."""
@@ -218,26 +201,25 @@ class RemoteFolder:
         bucket = self.bucket
         if bucket is None:
             return True
-        with self._faults():
-            try:
-                self.fs.info(bucket)
-            except FileNotFoundError:
-                return False
-            except PermissionError:
+        try:
+            self._call("", "info", bucket)
+        except FileNotFoundError:
+            return False
+        except StorageError as e:
+            if isinstance(e.__cause__, PermissionError):
                 return True
+            raise
         return True
 
     def read(self, name: str) -> bytes:
-        with self._faults(name):
-            self.fs.invalidate_cache(self.path(name))  # a listing cached before it was written
-            return self.fs.cat_file(self.path(name))
+        self.fs.invalidate_cache(self.path(name))  # a listing cached before it was written
+        return self._call(name, "cat_file", self.path(name))
 
     def read_many(self, names: list[str]) -> dict[str, bytes]:
         """The contents of several small objects, fetched concurrently."""
         if not names:
             return {}
-        with self._faults(names[0]):
-            found = self.fs.cat([self.path(n) for n in names], on_error="return")
+        found = self._call(names[0], "cat", [self.path(n) for n in names], on_error="return")
         out = {}
         for name in names:
             data = found.get(self.path(name))
@@ -258,10 +240,13 @@ class RemoteFolder:
         """The size of ``name`` and the store's checksum of its content (the ETag, for S3:
         fsspec's ``checksum``), or None if it does not exist."""
         path = self.path(name)
+        self.fs.invalidate_cache(path)  # another process may have written it
+        try:
+            size = int(self._call(name, "info", path)["size"])
+        except FileNotFoundError:
+            return None
         with self._faults(name):
-            self.fs.invalidate_cache(path)  # another process may have written it
             try:
-                size = int(self.fs.info(path)["size"])
                 return size, str(self.fs.checksum(path))
             except FileNotFoundError:
                 return None
@@ -269,17 +254,17 @@ class RemoteFolder:
     def names(self) -> list[str]:
         """The names of the objects directly in this folder (none if it does not exist)."""
         folder = self.path("").rstrip("/")
-        with self._faults():
-            self.fs.invalidate_cache(folder)
-            try:
-                listed = self.fs.ls(folder, detail=False)
-            except FileNotFoundError:
-                return []
+        self.fs.invalidate_cache(folder)
+        try:
+            listed = self._call("", "ls", folder, detail=False)
+        except FileNotFoundError:
+            return []
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in listed)
 
     def read_ranges(self, name: str, starts: list[int], ends: list[int]) -> list[bytes]:
         """The byte ranges ``[start, end)`` of ``name``, in the order asked: ranges closer
-        than 1 MiB are merged into one request, and the requests run concurrently."""
+        than 1 MiB are merged into one request, and the requests run concurrently.
+        FileNotFoundError if ``name`` is not in the store."""
         from fsspec.utils import merge_offset_ranges
 
         path = self.path(name)
@@ -294,8 +279,8 @@ class RemoteFolder:
             max_block=_MAX_BLOCK,
             sort=False,
         )
-        with self._faults(name):
-            blocks = self.fs.cat_ranges(paths, block_starts, block_ends)
+        nbytes = sum(end - start for start, end in zip(block_starts, block_ends, strict=True))
+        blocks = self._call(name, "cat_ranges", paths, block_starts, block_ends, nbytes=nbytes)
         out: list[bytes] = [b""] * len(starts)
         block = 0
         for i, start, end in zip(order, sorted_starts, sorted_ends, strict=True):
@@ -312,19 +297,20 @@ class RemoteFolder:
         return out
 
     def download(self, name: str, dest: Path, sha256: str | None = None) -> None:
-        """Copy ``name`` to the local file ``dest``, checking its SHA-256 when given."""
+        """Copy ``name`` to the local file ``dest``, checking its SHA-256 when given
+        (FileNotFoundError with ``filename`` ``name`` if it is not in the store), 8 MiB a
+        request."""
+        size = self.size(name)
+        if size is None:  # ``filename``: which of a shard's files is missing
+            raise FileNotFoundError(errno.ENOENT, "no such object", name)
         digest = hashlib.sha256()
+        path = self.path(name)
         with open(dest, "wb") as f:  # a local fault (a full disk) is not the store's
-            with self._faults(name):
-                src = self.fs.open(self.path(name), "rb", block_size=8 << 20)
-            with src:
-                while True:
-                    with self._faults(name):
-                        chunk = src.read(8 << 20)
-                    if not chunk:
-                        break
-                    digest.update(chunk)
-                    f.write(chunk)
+            for start in range(0, size, _DOWNLOAD_CHUNK):
+                end = min(start + _DOWNLOAD_CHUNK, size)
+                chunk = self._call(name, "cat_file", path, start=start, end=end, nbytes=end - start)
+                digest.update(chunk)
+                f.write(chunk)
         if sha256 is not None and digest.hexdigest() != sha256:
             dest.unlink(missing_ok=True)
             raise DatasetError(
@@ -334,18 +320,16 @@ class RemoteFolder:
 
     def upload(self, local: Path, name: str) -> None:
         """Copy the local file to ``name`` (multipart where the filesystem does it)."""
-        with self._faults(name):
-            self.fs.put_file(str(local), self.path(name))
+        nbytes = local.stat().st_size
+        self._call(name, "put_file", str(local), self.path(name), nbytes=nbytes)
 
     def write(self, name: str, data: bytes) -> None:
         """Store ``data`` as ``name`` (one whole object: readers see all of it or none)."""
-        with self._faults(name):
-            self.fs.pipe_file(self.path(name), data)
+        self._call(name, "pipe_file", self.path(name), data, nbytes=len(data))
 
     def delete(self, names: list[str]) -> None:
         if names:
-            with self._faults(names[0]):
-                self.fs.rm([self.path(n) for n in names])
+            self._call(names[0], "rm", [self.path(n) for n in names])
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_opened": None}
