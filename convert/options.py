@@ -51,6 +51,7 @@ class ConvertOptions:
     labels_file: str | None = None  # CSV/TSV of relative_path,label_name instead of folders
     unlabeled: bool = False  # every image, label spec.UNLABELED
     label_key: str | None = None  # a WebDataset or Parquet source's label field
+    split: str | None = None  # the split of a Hugging Face Parquet source (--split)
     file_list: str | None = None  # the files to convert, listed (with labels): no walk of SRC
     restart_markers: bool = True  # a restart marker every MCU of the JPEGs it encodes
 

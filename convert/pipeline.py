@@ -108,7 +108,7 @@ def convert_folder(
         if is_url(dst)
         else LocalDestination(local_path(dst))
     )
-    source = open_source(src, options.label_key)
+    source = open_source(src, options.label_key, options.split)
     if is_url(dst) and is_url(source.where):
         refuse_dst_at_source_url(source.where, str(dst))
     # The destination first: a busy, forbidden or missing one is refused before the scan,

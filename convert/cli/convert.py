@@ -120,6 +120,13 @@ def _interrupt(signum: int, frame: object) -> None:
     "Integer labels are stored as they are (class names 0..K-1, or --classes FILE).",
 )
 @click.option(
+    "--split",
+    metavar="NAME",
+    help="For a Parquet SRC downloaded from the Hugging Face Hub: the split to convert "
+    "(its files SPLIT-NNNNN-of-NNNNN.parquet, also under data/); needed when SRC holds "
+    "several.",
+)
+@click.option(
     "--include-hidden",
     is_flag=True,
     help="Also read entries whose name starts with '.', which are skipped by default "
@@ -235,6 +242,7 @@ def convert(
     file_list: Path | None,
     unlabeled: bool,
     label_key: str | None,
+    split: str | None,
     include_hidden: bool,
     exact_resize: bool,
     restart_markers: bool,
@@ -296,6 +304,7 @@ def convert(
         file_list=str(file_list) if file_list else None,
         unlabeled=unlabeled,
         label_key=label_key,
+        split=split,
         center_crop=center_crop,
         quality=quality,
         shard_size=shard_size,

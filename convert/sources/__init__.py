@@ -17,6 +17,7 @@ from convert.sources.base import SampleReader, SampleSource, Stored
 from convert.sources.dataset import DatasetReader, DatasetSource
 from convert.sources.files import is_pattern
 from convert.sources.folder import FolderReader, FolderSource
+from convert.sources.hub_layout import holds_configs
 from convert.sources.parquet import ParquetSource
 from convert.sources.webdataset import TAR_SUFFIXES, TarReader, WebDatasetSource
 from readers import spec
@@ -37,18 +38,23 @@ __all__ = [
 ]
 
 
-def open_source(src: str | os.PathLike[str], label_key: str | None = None) -> SampleSource:
+def open_source(
+    src: str | os.PathLike[str], label_key: str | None = None, split: str | None = None
+) -> SampleSource:
     """The source SRC names (see the module docstring): ``.tar`` shards or a pattern of them
     are WebDataset, ``.parquet`` files Parquet, a folder or URL holding ``imgpack.json`` an
-    imgpack dataset, a folder (or URL) of tars or Parquet files those, anything else an
-    image folder. Cheap: nothing is scanned until ``scan``. ``label_key`` names the label
-    field of a WebDataset or Parquet source."""
+    imgpack dataset, a folder (or URL) of tars or Parquet files those (a Hugging Face
+    download: in ``data/`` or a folder a config), anything else an image folder. Cheap:
+    nothing is scanned until ``scan``. ``label_key`` names the label field of a WebDataset
+    or Parquet source, ``split`` the split of a Parquet one (the Hub's file names)."""
     text = os.fspath(src)
     kind = _kind(text)
-    if kind == "webdataset":
+    if kind == "webdataset" and split is None:
         return WebDatasetSource(text, label_key)
     if kind == "parquet":
-        return ParquetSource(text, label_key)
+        return ParquetSource(text, label_key, split)
+    if split is not None:
+        raise ValueError(f"{text}: --split applies to Parquet sources only")
     if label_key is not None:
         raise ValueError(f"{text}: --label-key applies to WebDataset and Parquet sources only")
     if kind == "imgpack":
@@ -77,6 +83,6 @@ def _kind(src: str) -> str:
             names += [f"data/{n}" for n in os.listdir(path / "data")]
     if any(n.endswith(TAR_SUFFIXES) for n in names):
         return "webdataset"
-    if any(n.endswith(".parquet") for n in names):
+    if any(n.endswith(".parquet") for n in names) or (not is_url(src) and holds_configs(path)):
         return "parquet"
     return "imgpack" if is_url(src) else "folder"
