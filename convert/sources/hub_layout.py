@@ -61,9 +61,10 @@ def split_files(
     splits = sorted(s for s in by_split if s)
     if split is None:
         if len(splits) > 1:
+            example = "train" if "train" in splits else splits[0]
             raise ValueError(
                 f"{where}: holds the splits {', '.join(splits)}: choose one with --split NAME "
-                f"(or name its files, e.g. {_split_glob(where, files, splits[0])})"
+                f"(or name its files, e.g. {_split_glob(where, files, example)})"
             )
         return list(files)
     if not split or split not in by_split:
