@@ -238,8 +238,11 @@ def test_the_server_stopped_mid_upload_is_one_line_with_the_uploaded_count(tmp_p
         assert match and int(match.group(2)) >= 2, line
         with pytest.raises(readers.StorageError, match=f"{done}/shard-000000.tar: {cause}"):
             dataset[0]
-        with pytest.raises(readers.StorageError, match=cause):  # raised in a worker
+        with pytest.raises(readers.StorageError, match=cause) as raised:  # in a worker
             next(iter(stream))
+        # torch rebuilds it from its traceback's text: the URL and cause read back from it
+        assert raised.value.url.startswith(f"{done}/shard-"), raised.value.url
+        assert re.fullmatch(cause, raised.value.cause), raised.value.cause
 
 
 @contextlib.contextmanager
@@ -339,3 +342,52 @@ def test_a_stalled_server_is_one_line_within_the_storage_timeout(fault):
             else:
                 assert result.stdout == f"{DATASET}/imgpack.json|{cause}\n", result.stderr
             assert elapsed < STALL_S + 10, elapsed  # the interpreter's start and imports
+
+
+def _read_every_way(url: str, cache: Path) -> dict[str, BaseException]:
+    """What each read path raises over the dataset at ``url``: the stream in this process
+    and in a DataLoader worker, the map-style dataset and its loader in a worker."""
+    paths = {
+        "WdsStream": lambda: list(readers.WdsStream(url, shuffle_buffer=0, decode=False)),
+        "stream worker": lambda: list(
+            readers.make_loader(url, 8, stream=True, num_workers=1, decode=False)
+        ),
+        "open_dataset": lambda: [
+            ds[i] for ds in [readers.open_dataset(url, cache_dir=cache)] for i in range(len(ds))
+        ],
+        "loader worker": lambda: list(
+            readers.make_loader(url, 8, num_workers=1, cache_dir=cache, decode=False)
+        ),
+    }
+    raised = {}
+    for name, read in paths.items():
+        with pytest.raises(Exception) as error:
+            read()
+        raised[name] = error.value
+    return raised
+
+
+@pytest.mark.parametrize("deleted", ["tar", "index"])
+def test_a_tar_or_index_deleted_from_the_bucket_is_named_on_every_read_path(
+    server, deleted, tmp_path
+):
+    url = f"s3://{BUCKET}/deleted-{deleted}"
+    options = ConvertOptions("wds", shard_size=10, shuffle=True)
+    convert_folder(SAMPLE_DATA, url, options, workers=1, progress=False)
+    tar = "shard-000001.tar"
+    name = tar if deleted == "tar" else tar + spec.WDS_INDEX_SUFFIX
+    RemoteFolder(url).delete([name])
+    if deleted == "tar":
+        told = {
+            "WdsStream": f"{url}/{tar}: shard listed in the manifest is missing",
+            "open_dataset": f"{url}/{tar}: shard 1 listed in the manifest is missing",
+        }
+    else:
+        told = {
+            "WdsStream": f"{url}/{name}: the tar's index is missing (",
+            "open_dataset": f"{url}/{name}: the index of shard 1 is missing (",
+        }
+    told["stream worker"], told["loader worker"] = told["WdsStream"], told["open_dataset"]
+    for path, error in _read_every_way(url, tmp_path / "cache").items():
+        assert isinstance(error, readers.DatasetError), (path, repr(error))
+        assert told[path] in str(error), (path, str(error))
