@@ -138,8 +138,9 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         return self.serve(self.stored(index), index)
 
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
-        """Fetch a whole batch into one tensor: a gather for raw pixels of one shape, a
-        threaded decode otherwise. Images of differing shapes come back as a list."""
+        """Fetch a whole batch into one tensor: a gather for raw pixels of one shape, JPEGs
+        of one size by the kernel (:mod:`readers.images.whole`), else a threaded decode.
+        Images of differing shapes come back as a list."""
         located = [self.locate(i) for i in indices]
         labels = torch.tensor([int(self.shard(s).labels[k]) for s, k in located])
         if not located:
@@ -267,7 +268,7 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         """Decode, crop and resize each sample into its HWC row of ``rows``, from its stored
         value (read here as :meth:`read_stored` reads, unless ``values`` are given): see
         :func:`readers.images.fused.crop_parts`. Every shard is opened here first."""
-        verified = self._verified(located)  # every shard opened
+        verified = all(self.shard(s).verified for s in {s for s, _ in located})
         if values is None:
             values = self._read_located(located)
         crop_parts(
@@ -286,16 +287,12 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         for ``transform``, into a batch of its own, never a pooled buffer."""
         return decode_batch(
             values,
-            self._verified(located),
+            all(self.shard(s).verified for s in {s for s, _ in located}),
             lambda row: self._to_tensor(values[row], *located[row]),
             None if self.transform is not None else partial(new_batch, dtype=torch.uint8),
             self._pool,
             self.decode_threads or default_decode_threads(),
         )
-
-    def _verified(self, located: list[tuple[int, int]]) -> bool:
-        """Whether every shard of these samples is :attr:`ShardReader.verified`."""
-        return all(self.shard(s).verified for s in {s for s, _ in located})
 
     def _where(self, shard: int, local: int) -> str:
         return f"{self.manifest.shard_path(shard)}[{local}]"
