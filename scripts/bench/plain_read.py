@@ -3,14 +3,16 @@
 A dataset stored at its training size (``imgpack convert FOLDER DST --format pt --resize
 256 --center-crop 224``) read by ``make_loader`` without ``crop=`` ("plain") against the same
 data through ``crop=CenterCrop(224)`` (a no-op crop through the kernel's crop path), each
-in-process and with 2 workers, and the one-core pure decode rate of the same JPEG bytes.
+in-process and with 2 workers, and the pure decode rate of the same JPEG bytes on one
+thread and on two.
 Every contender runs in its own child process (:mod:`scripts.bench.read_rate`,
 :mod:`scripts.bench.decode_rate`), in interleaved rounds whose order reverses each round;
 medians are quoted, with the load average before each round.
 
     .venv/bin/python -m scripts.bench.plain_read DATASET --rounds 6 [--json F]
 
-Targets: plain >= 0.85 x twice the one-core decode rate, and within 5 % of the no-op crop.
+Targets: plain >= 0.85 x twice the one-core decode rate, and within 5 % of the no-op crop;
+the two-thread decode rate says what two cores give the decoder alone here.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ WORKERS = (0, 2)
 
 def contenders(dataset: str) -> dict[str, tuple[str, list[str]]]:
     """Name -> (child module, its arguments)."""
-    named = {"decode, 1 core": ("decode_rate", [dataset])}
+    named = {
+        "decode, 1 core": ("decode_rate", [dataset]),
+        "decode, 2 threads": ("decode_rate", [dataset, "--threads", "2"]),
+    }
     for workers in WORKERS:
         for crop in ("none", "noop"):
             args = [dataset, "--reader", "make-loader", "--crop", crop, "--workers", str(workers)]
@@ -69,6 +74,7 @@ def main() -> None:
         plain = median[f"plain w={workers}"]
         ratios[f"plain / no-op crop, w={workers}"] = plain / median[f"no-op crop w={workers}"]
         ratios[f"plain / 2 x one-core decode, w={workers}"] = plain / (2 * decode)
+        ratios[f"plain / 2-thread decode, w={workers}"] = plain / median["decode, 2 threads"]
     for name, ratio in ratios.items():
         print(f"{name:36} {ratio:.3f}")
     write_json(args.json, {"machine": info, "rates": rates, "loads": loads, "ratios": ratios})
