@@ -1,7 +1,8 @@
 """Hugging Face Parquet as a conversion source (``convert.sources.parquet``,
 ``convert.sources.hub_layout``): the Hub's split and config layouts, the label columns
 ``datasets`` writes (``ClassLabel``, a list of them, plain integers, floats), image columns
-that keep only a path, and a shuffled conversion's row-group reads.
+that keep only a path, and a shuffled conversion's row-group reads (kept per worker, or the
+images staged once by the scan when there are more than a worker keeps).
 
 The files are written as ``datasets`` writes them: pyarrow tables whose ``huggingface``
 schema metadata records the features (``{"info": {"features": {...}}}``, the ``List`` of a
@@ -10,8 +11,10 @@ multi-label column as datasets 5 writes it, ``Sequence`` and ``[...]`` as older 
 
 from __future__ import annotations
 
+import gc
 import json
 import random
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ from click.testing import CliRunner
 import readers
 from convert import ConvertOptions, convert_folder
 from convert.cli import main
-from convert.sources import open_source
+from convert.sources import open_source, parquet
 from convert.sources.parquet import ROW_GROUPS
 from tests.photos import encode, photo_crop
 
@@ -219,3 +222,38 @@ def test_a_shuffled_conversion_reads_each_row_group_once(tmp_path):
         convert_folder(src, dst, options, workers=2, progress=False)
     a, b = readers.open_dataset(plain), readers.open_dataset(shuffled)
     assert sorted(a.samples) == sorted(b.samples) and a.samples != b.samples
+
+
+def test_a_large_shuffled_conversion_stages_the_images_once_in_order(tmp_path, monkeypatch):
+    src = tmp_path / "train-00000-of-00001.parquet"
+    kept = images(40)
+    kept[7] = {"bytes": None, "path": "photos/7.jpg"}  # a row with a path only: its file
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "7.jpg").write_bytes(images(40)[7]["bytes"])
+    write_hub(src, {"image": kept, "label": [i % 3 for i in range(40)]},
+              {"image": IMAGE, "label": class_label(NAMES)}, row_group_size=10)  # fmt: skip
+    options = ConvertOptions("pt", shuffle=True)
+    convert_folder(src, tmp_path / "cached", options, workers=2, progress=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the images are staged
+    monkeypatch.setattr(parquet, "STAGE_ABOVE", 1000)  # a budget smaller than the file
+    source = open_source(src)
+    before = ROW_GROUPS.reads
+    samples = list(source.scan(options).samples)
+    assert ROW_GROUPS.reads - before == 4  # the scan reads each row group once
+    (staged,) = tmp_path.glob("imgpack-staged-*/*.images")
+    random.Random(0).shuffle(samples)
+    before = ROW_GROUPS.reads
+    read = [
+        value for at in range(0, 40, 16) for value in source.reader().read(samples[at : at + 16])
+    ]
+    assert ROW_GROUPS.reads - before == 1  # only for the row without bytes
+    want = {row["path"]: row["bytes"] for row in images(40)} | {"photos/7.jpg": b""}
+    want["photos/7.jpg"] = want["img7.jpg"]
+    assert read == [want[s.relpath] for s in samples]
+    del source
+    gc.collect()
+    assert not staged.exists()  # removed with the source
+    convert_folder(src, tmp_path / "staged", options, workers=2, progress=False)
+    a, b = (readers.load_manifest(tmp_path / name) for name in ("cached", "staged"))
+    assert a.content_sha256 == b.content_sha256 and a.num_samples == b.num_samples == 40
+    assert not list(tmp_path.glob("imgpack-staged-*"))

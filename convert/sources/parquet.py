@@ -13,18 +13,23 @@ floats. A Hub download holds several splits: :mod:`convert.sources.hub_layout` k
 
 The scan reads only the labels and the images' paths; a worker reads the image column one
 row group at a time and keeps the last ones it read (:data:`ROW_GROUPS`), so a shuffled
-conversion reads each row group about once per worker, not once per sample.
+conversion reads each row group about once per worker, not once per sample. A shuffled
+conversion of more than :data:`STAGE_ABOVE` bytes of Parquet (more than a worker keeps)
+would still read about a row group a sample: its scan reads the image column too, once, in
+order, and stages the bytes in a temporary file per Parquet file (``TMPDIR`` says where;
+as many bytes as the images; removed with the source), which the workers read by offset,
+as a compressed tar's staged images (:class:`convert.sources.tar_members.Staging`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -35,13 +40,21 @@ from convert.sources.base import Stored, position, refuse_folder_options
 from convert.sources.files import FileSource, Spans, listed_folder, open_file
 from convert.sources.hub_layout import split_files
 from convert.sources.labels import Labels
+from convert.sources.parquet_columns import Columns
+from convert.sources.tar_members import Staging
+from convert.sources.webdataset import TarReader
 from readers.storage.remote import is_url
 
-__all__ = ["PARQUET_HINT", "ROW_GROUPS", "ParquetReader", "ParquetSource", "RowGroups"]
+__all__ = [
+    "PARQUET_HINT",
+    "ROW_GROUPS",
+    "STAGE_ABOVE",
+    "ParquetReader",
+    "ParquetSource",
+    "RowGroups",
+]
 
 PARQUET_HINT = "reading Parquet needs pyarrow: pip install -e '.[parquet]' in the checkout"
-_LABEL_NAMES = ("label", "labels")
-_SEQUENCES = ("Sequence", "List", "LargeList")  # the features of a list, by datasets version
 
 
 def _parquet(where: str) -> Any:
@@ -54,104 +67,6 @@ def _parquet(where: str) -> Any:
 
 
 @dataclass(frozen=True)
-class Columns:
-    """Which columns hold the images and the labels, and the class names the schema gives."""
-
-    image: str
-    image_is_struct: bool
-    label: str | None
-    class_names: tuple[str, ...] | None
-
-    @classmethod
-    def of(cls, where: str, schema: Any, label_key: str | None) -> Columns:
-        import pyarrow as pa
-
-        features = _features(schema)
-        image = next((n for n, f in features.items() if _type(f) == "Image"), None)
-        if image is None:
-            image = next(
-                (
-                    f.name
-                    for f in schema
-                    if pa.types.is_binary(f.type)
-                    or pa.types.is_large_binary(f.type)
-                    or (pa.types.is_struct(f.type) and f.type.get_field_index("bytes") >= 0)
-                ),
-                None,
-            )
-        if image is None:
-            raise ValueError(f"{where}: no image column (Image feature, {{bytes, path}} or bytes)")
-        label = label_key or _label_column(where, features, schema.names)
-        if label is not None:
-            if label not in schema.names:
-                raise ValueError(
-                    f"{where}: no column {label!r} (columns: {', '.join(schema.names)})"
-                )
-            _check_label_type(where, label, schema.field(label).type)
-        names = features.get(label, {}).get("names") if label else None
-        is_struct = pa.types.is_struct(schema.field(image).type)
-        return cls(image, is_struct, label, tuple(names) if names else None)
-
-
-def _features(schema: Any) -> dict[str, Any]:
-    """The ``datasets`` features the schema metadata records, or none."""
-    raw = (schema.metadata or {}).get(b"huggingface")
-    try:
-        features = json.loads(raw)["info"]["features"] if raw else {}
-    except (ValueError, KeyError, TypeError):
-        return {}
-    return features if isinstance(features, dict) else {}
-
-
-def _type(feature: Any) -> str | None:
-    """A feature's ``_type``: ``"[ClassLabel]"`` for a list of class labels (how each
-    datasets version writes one: ``Sequence``/``List`` of it, or ``[it]``)."""
-    if isinstance(feature, list) and len(feature) == 1:
-        return f"[{_type(feature[0])}]"
-    if not isinstance(feature, dict):
-        return None
-    if feature.get("_type") in _SEQUENCES:
-        return f"[{_type(feature.get('feature'))}]"
-    return feature.get("_type")
-
-
-def _label_column(where: str, features: dict[str, Any], names: list[str]) -> str | None:
-    """The label column the schema shows: its one ``ClassLabel`` (or list of them), else a
-    column named ``label``/``labels``, else None; several are refused, never one taken."""
-    found = [n for n, f in features.items() if _type(f) in ("ClassLabel", "[ClassLabel]")]
-    if len(found) > 1:
-        raise ValueError(
-            f"{where}: {len(found)} label columns ({', '.join(found)}): choose one with "
-            "--label-key NAME"
-        )
-    return found[0] if found else next((n for n in _LABEL_NAMES if n in names), None)
-
-
-def _check_label_type(where: str, column: str, kind: Any) -> None:
-    """A label column holds one class number or name a row (or nothing): refuse the rest
-    before anything is written."""
-    import pyarrow as pa
-
-    if pa.types.is_dictionary(kind):
-        kind = kind.value_type
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        raise ValueError(
-            f"{where}: column {column!r} holds several labels an image (multi-label), which "
-            "imgpack does not store yet: choose a single-label column with --label-key NAME"
-        )
-    if not (
-        pa.types.is_integer(kind)
-        or pa.types.is_string(kind)
-        or pa.types.is_large_string(kind)
-        or pa.types.is_null(kind)
-    ):
-        raise ValueError(
-            f"{where}: column {column!r} holds {kind} values, not class numbers or names: "
-            "choose the label column with --label-key NAME"
-        )
-
-
-@dataclass(frozen=True)
 class GroupImages:
     """One row group's image column: each row's bytes, and its path where one is kept."""
 
@@ -161,6 +76,14 @@ class GroupImages:
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes + (self.paths.nbytes if self.paths is not None else 0))
+
+    @classmethod
+    def of(cls, column: Any, is_struct: bool) -> GroupImages:
+        """The images of an image column read from one row group (a pyarrow array)."""
+        if not is_struct:
+            return cls(column, None)
+        paths = column.field("path") if column.type.get_field_index("path") >= 0 else None
+        return cls(column.field("bytes"), paths)
 
     def row(self, row: int) -> tuple[bytes | None, str | None]:
         path = self.paths[row].as_py() if self.paths is not None else None
@@ -192,24 +115,40 @@ class RowGroups:
             self._bytes -= dropped.nbytes
         return images
 
+    def read_through(self, load: Callable[[], Any]) -> Any:
+        """A row group read by ``load`` and not kept: the staging scan reads each once."""
+        self.reads += 1
+        return load()
+
 
 ROW_GROUPS = RowGroups(256 << 20)
 """This process's row groups: a worker's, or the caller's (``inspect``)."""
 
+STAGE_ABOVE = ROW_GROUPS.budget
+"""A shuffled conversion of more Parquet bytes than this stages its images (read by each
+scan: a test sets it low)."""
+
 
 @dataclass(frozen=True)
 class ParquetReader:
-    """Reads each sample's image bytes from its file's row group."""
+    """Reads each sample's image bytes from its file's row group, or from the staged
+    images by offset (a row without bytes, from its row group still)."""
 
     files: tuple[str, ...]
     spans: Spans  # rows: (file number, row group, row within the group)
     columns: Columns
+    staged: TarReader | None = None  # rows: (file number, offset, length) in its staged file
 
     def read(self, samples: Sequence[Sample]) -> list[Stored]:
         rows = self.spans.rows()
-        places = [tuple(int(x) for x in rows[position(s)]) for s in samples]
         out: list[Stored] = [""] * len(samples)
-        for at in sorted(range(len(samples)), key=lambda i: places[i]):  # a group at a time
+        unstaged = range(len(samples))
+        if self.staged is not None:
+            out = self.staged.read(samples)
+            lengths = self.staged.spans.rows()[:, 2]
+            unstaged = [k for k, s in enumerate(samples) if lengths[position(s)] == 0]
+        places = {k: tuple(int(x) for x in rows[position(samples[k])]) for k in unstaged}
+        for at in sorted(places, key=places.__getitem__):  # a group at a time
             file, group, row = places[at]
             out[at] = self._one(samples[at].relpath, file, group, row)
         return out
@@ -233,11 +172,7 @@ class ParquetReader:
         pq = _parquet(where)
         with open_file(where) as f:
             table = pq.ParquetFile(f).read_row_group(group, columns=[self.columns.image])
-        column = table.column(0).combine_chunks()
-        if self.columns.image_is_struct:
-            paths = column.field("path") if column.type.get_field_index("path") >= 0 else None
-            return GroupImages(column.field("bytes"), paths)
-        return GroupImages(column, None)
+        return GroupImages.of(table.column(0).combine_chunks(), self.columns.image_is_struct)
 
 
 def _read_path(parquet: str, path: str, name: str) -> Stored:
@@ -272,7 +207,8 @@ class ParquetSource(FileSource):
         self.files = tuple(split_files(self.where, self.files, split, listed_folder(src)))
 
     def scan(self, options: ConvertOptions) -> Scan:
-        """Every row, in file order: its image's path (``file#row`` without one) and label."""
+        """Every row, in file order: its image's path (``file#row`` without one) and label;
+        the images staged too for a large shuffled conversion (see the module docstring)."""
         refuse_folder_options(self.where, options)
         pq = _parquet(self.where)
         import pyarrow as pa
@@ -280,10 +216,12 @@ class ParquetSource(FileSource):
         columns: Columns | None = None
         labels: Labels | None = None
         spans: list[tuple[int, int, int]] = []
+        staged_spans: list[tuple[int, int, int]] = []
         paths: list[str] = []
+        staging = Staging(self) if options.shuffle and self._above(STAGE_ABOVE) else None
         for number, path in enumerate(self.files):
             try:
-                with open_file(path) as f:
+                with open_file(path) as f, self._staged(staging, number, path) as staged:
                     pf = pq.ParquetFile(f)
                     found = Columns.of(path, pf.schema_arrow, self.label_key)
                     if columns is None:
@@ -292,16 +230,24 @@ class ParquetSource(FileSource):
                         labels = Labels(self.where, found.label or "label", wanted)
                     elif found != columns:
                         raise ValueError(f"{path}: its columns differ from {self.files[0]}'s")
-                    for at, (group, row, name, value) in enumerate(_rows(pf, columns)):
+                    for at, (group, row, name, value, held) in enumerate(
+                        _rows(pf, columns, staged)
+                    ):
                         shown = name or f"{Path(path).name}#{at}"
                         paths.append(shown)
                         spans.append((number, group, row))
+                        staged_spans.append((number, *held))
                         labels.add(shown, value)
             except pa.ArrowException as e:
                 raise ValueError(f"{path}: not a readable Parquet file: {e}") from e
         if columns is None or labels is None or not spans:
             raise FileNotFoundError(f"{self.where}: no rows")
-        self._reader = ParquetReader(self.files, Spans.write(np.array(spans), self), columns)
+        staged_reader = None
+        if staging is not None:
+            read_from = tuple(staging.read_from(f) for f in self.files)
+            staged_reader = TarReader(read_from, Spans.write(np.array(staged_spans), self))
+        spans_table = Spans.write(np.array(spans), self)
+        self._reader = ParquetReader(self.files, spans_table, columns, staged_reader)
         classes, numbers, left_out = labels.resolve()
         samples = SampleTable.of(
             Sample(path, label, index)
@@ -309,6 +255,15 @@ class ParquetSource(FileSource):
             if label is not None
         )
         return Scan(classes, samples, left_out)
+
+    def _above(self, budget: int) -> bool:
+        """True if the Parquet files hold more than ``budget`` bytes (about the images')."""
+        return self.stored_bytes(None) > budget
+
+    @staticmethod
+    def _staged(staging: Staging | None, number: int, path: str) -> Any:
+        """The staged file of Parquet file ``number``, open for writing, or a null context."""
+        return open(staging.file_for(number, path), "wb") if staging else nullcontext()
 
     def reader(self) -> ParquetReader:
         if self._reader is None:
@@ -320,16 +275,31 @@ class ParquetSource(FileSource):
         return {**super().record(), **split}
 
 
-def _rows(pf: Any, columns: Columns) -> Iterator[tuple[int, int, str | None, Any]]:
-    """``(row group, row in it, image path or None, label or None)`` of each row of ``pf``,
-    reading only the paths and labels."""
-    read = [f"{columns.image}.path"] if columns.image_is_struct else []
+def _rows(
+    pf: Any, columns: Columns, staged: BinaryIO | None
+) -> Iterator[tuple[int, int, str | None, Any, tuple[int, int]]]:
+    """``(row group, row in it, image path or None, label or None, (offset, length) of its
+    bytes in ``staged``)`` of each row of ``pf``, reading only the paths and labels unless
+    the image bytes are staged (a row without them: length 0)."""
+    if staged is not None:
+        read = [columns.image]
+    else:
+        read = [f"{columns.image}.path"] if columns.image_is_struct else []
     read += [columns.label] if columns.label else []
     for group in range(pf.metadata.num_row_groups):
         size = pf.metadata.row_group(group).num_rows
-        table = pf.read_row_group(group, columns=read) if read else None
+        table = None
+        if staged is not None:
+            table = ROW_GROUPS.read_through(lambda g=group: pf.read_row_group(g, columns=read))
+        elif read:
+            table = pf.read_row_group(group, columns=read)
         names: list[Any] = [None] * size
-        if table is not None and columns.image_is_struct:
+        held = [(0, 0)] * size
+        if table is not None and staged is not None:
+            images = GroupImages.of(table.column(0).combine_chunks(), columns.image_is_struct)
+            names = images.paths.to_pylist() if images.paths is not None else names
+            held = [_stage(staged, images.data[row].as_py()) for row in range(size)]
+        elif table is not None and columns.image_is_struct:
             names = [v.get("path") if v else None for v in table.column(columns.image).to_pylist()]
         values = (
             table.column(columns.label).to_pylist()
@@ -337,4 +307,11 @@ def _rows(pf: Any, columns: Columns) -> Iterator[tuple[int, int, str | None, Any
             else [None] * size
         )
         for row in range(size):
-            yield group, row, names[row], values[row]
+            yield group, row, names[row], values[row], held[row]
+
+
+def _stage(staged: BinaryIO, data: bytes | None) -> tuple[int, int]:
+    """``(offset, length)`` of ``data`` once written to ``staged``."""
+    offset = staged.tell()
+    staged.write(data or b"")
+    return offset, len(data or b"")
