@@ -184,7 +184,8 @@ def _interrupt(signum: int, frame: object) -> None:
     "--shuffle",
     is_flag=True,
     help="Write samples in a random order (fixed by --seed), so that reading a "
-    "stream sequentially is already shuffled.",
+    "stream sequentially is already shuffled. Parquet SRC larger than 256 MiB has its image "
+    "bytes staged once in TMPDIR (as many bytes as the images) for the workers to read.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
 @click.option(

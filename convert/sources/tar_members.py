@@ -61,9 +61,10 @@ class TarSample:
 
 
 class Staging:
-    """Where a source keeps the image bytes of its compressed tars for the workers: one
-    file per tar in a temporary folder made at the first one, removed once ``owner`` is
-    gone. ``read_from`` names the file a worker reads a tar's images from."""
+    """Where a source keeps the image bytes of its compressed tars (or of a shuffled
+    Parquet source's files, ``convert.sources.parquet``) for the workers: one file per
+    source file in a temporary folder made at the first one, removed once ``owner`` is
+    gone. ``read_from`` names the file a worker reads a source file's images from."""
 
     def __init__(self, owner: object) -> None:
         self._owner = weakref.ref(owner)
