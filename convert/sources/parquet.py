@@ -140,14 +140,16 @@ class ParquetReader:
     staged: TarReader | None = None  # rows: (file number, offset, length) in its staged file
 
     def read(self, samples: Sequence[Sample]) -> list[Stored]:
-        rows = self.spans.rows()
         out: list[Stored] = [""] * len(samples)
-        unstaged = range(len(samples))
+        unstaged: Sequence[int] = range(len(samples))
         if self.staged is not None:
             out = self.staged.read(samples)
             lengths = self.staged.spans.rows()[:, 2]
             unstaged = [k for k, s in enumerate(samples) if lengths[position(s)] == 0]
-        places = {k: tuple(int(x) for x in rows[position(samples[k])]) for k in unstaged}
+        places: dict[int, tuple[int, ...]] = {}
+        if unstaged:  # the row groups' table, mapped only then (a process maps one at a time)
+            rows = self.spans.rows()
+            places = {k: tuple(int(x) for x in rows[position(samples[k])]) for k in unstaged}
         for at in sorted(places, key=places.__getitem__):  # a group at a time
             file, group, row = places[at]
             out[at] = self._one(samples[at].relpath, file, group, row)
