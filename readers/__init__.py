@@ -132,4 +132,4 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
 
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
