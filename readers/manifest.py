@@ -16,6 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from readers.fields import FieldSpec, parse_schema, schema_json
 from readers.spec import (
     ENCODINGS,
     FORMAT_VERSION,
@@ -60,6 +61,7 @@ class Manifest:
     converted_with: dict[str, Any] | None = None
     errors_file: str | None = None
     source: dict[str, Any] | None = None  # a dataset converted from another: where from
+    fields: dict[str, FieldSpec] = field(default_factory=dict)  # readers.fields.Schema
 
     @property
     def num_samples(self) -> int:
@@ -70,7 +72,13 @@ class Manifest:
         """The storage layout the writers used (``shape`` here: images' shape when they all
         share one, whatever the encoding; in the layout: fixed raw pixels only)."""
         stored = self.shape if self.encoding == "raw" else None
-        return Layout(self.encoding, stored, self.classes, self.options.get("compression"))
+        return Layout(
+            self.encoding,
+            stored,
+            self.classes,
+            self.options.get("compression"),
+            tuple(self.fields.items()),
+        )
 
     @property
     def root(self) -> Path:
@@ -107,6 +115,7 @@ class Manifest:
             "converted_with": self.converted_with,
             "errors_file": self.errors_file,
             "source": self.source,
+            "fields": schema_json(self.fields) if self.fields else None,
         }
         return {k: v for k, v in out.items() if v is not None}
 
@@ -314,7 +323,15 @@ def _parse_manifest(location: Location, raw: Any, expect_format: str | None) -> 
         converted_with=_optional(raw, "converted_with", dict, bad),
         errors_file=_optional(raw, "errors_file", str, bad),
         source=_optional(raw, "source", dict, bad),
+        fields=_schema(raw, bad),
     )
+
+
+def _schema(raw: dict[str, Any], bad: Any) -> dict[str, FieldSpec]:
+    try:
+        return parse_schema(raw.get("fields"), "fields")
+    except ValueError as e:
+        raise bad(str(e)) from None
 
 
 def _optional(raw: dict[str, Any], name: str, kind: type, bad: Any) -> Any:

@@ -106,7 +106,8 @@ def test_streamed_pt_shard_is_what_torch_save_writes(tmp_path, encoding: str, sh
         else:
             data = rng.integers(0, 256, shape or (*rng.integers(1, 9, 2), 3), dtype=np.uint8)
         path = f"class{i % 3}/img-é{i}\udcff.jpg"  # not UTF-8: kept as its bytes
-        records.append(Record(f"{i:010d}", data, "jpg", int(rng.integers(-1, 3)), path))
+        size = data.shape[:2] if isinstance(data, np.ndarray) else (7, 9)
+        records.append(Record(f"{i:010d}", data, "jpg", int(rng.integers(-1, 3)), path, size))
     (tmp_path / "mine").mkdir()
     writer = PtWriter(tmp_path / "mine" / "shard.pt", Layout(encoding, shape, ("a", "b")))
     for record in records:

@@ -95,7 +95,9 @@ def _write_samples(job: Job, ledger: SequentialLedger, output: ShardedOutput) ->
                 log.warning("skipped %s", prepared)
                 continue
             key = spec.SAMPLE_KEY.format(ledger.written_samples)
-            record = Record(key, prepared.data, prepared.ext, sample.label, sample.relpath)
+            record = Record(
+                key, prepared.data, prepared.ext, sample.label, sample.relpath, prepared.shape[:2]
+            )
             finished = output.add(record)
             if finished is not None:
                 ledger.completed(finished, position)

@@ -146,7 +146,8 @@ def write_shard(task: ShardTask, prepared: Iterable[Prepared | str]) -> ShardOut
                     discard_shard(writer, tmp)
                     return outcome
                 continue
-            record = Record(spec.SAMPLE_KEY.format(position), item.data, item.ext, label, relpath)
+            key = spec.SAMPLE_KEY.format(position)
+            record = Record(key, item.data, item.ext, label, relpath, item.shape[:2])
             if writer is None:
                 writer = WRITERS[task.fmt](tmp, task.layout)
             writer.add(record)

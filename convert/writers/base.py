@@ -13,8 +13,8 @@ import glob
 import hashlib
 import os
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -36,13 +36,17 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Record:
-    """One sample to store: ``data`` is encoded bytes (``ext`` jpg, png...) or raw pixels."""
+    """One sample to store: ``data`` is encoded bytes (``ext`` jpg, png...) or raw pixels;
+    ``size`` the stored image's (height, width); ``fields`` each field of the layout's
+    schema by name, as canonical bytes (:mod:`readers.fields`) or None where missing."""
 
     key: str
     data: bytes | np.ndarray
     ext: str
     label: int
     path: str
+    size: tuple[int, int]
+    fields: Mapping[str, bytes | None] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import numpy as np
 import torch
 
 from readers.formats.checks import SampleCrcs, stored_crcs
+from readers.formats.field_columns import FieldColumn
+from readers.images.decode import image_size
 
 __all__ = ["ShardReader", "check_fetched", "read_checked"]
 
@@ -19,6 +22,9 @@ class ShardReader(ABC):
 
     labels: np.ndarray  # int64 [n]
     crcs: SampleCrcs  # what every read of an encoded sample is checked against
+    # The layout schema's fields by name (readers.formats.field_columns), each format
+    # reader's from its own parts; empty for a dataset without fields (and version 1).
+    fields: Mapping[str, FieldColumn] = MappingProxyType({})
 
     @property
     def verified(self) -> bool:
@@ -40,6 +46,19 @@ class ShardReader(ABC):
         """Local sample ``i`` as :meth:`read` serves it, before the CRC-32 check of encoded
         bytes (raw pixels are checked here, against their shape). Only :meth:`read` and
         :func:`read_checked` call it."""
+
+    def sizes(self) -> np.ndarray:
+        """int64 ``[n, 2]``: each sample's stored (height, width). Version 2 shards record
+        them (each format reader returns its column); a version 1 shard's come from its
+        samples: raw pixels' shapes, encoded images' headers (every sample read once)."""
+        out = np.empty((len(self.labels), 2), dtype=np.int64)
+        for i in range(len(self.labels)):
+            value = self.read(i)
+            if isinstance(value, np.ndarray):
+                out[i] = value.shape[:2]
+            else:
+                out[i] = image_size(value, f"{self}[{i}]")
+        return out
 
     @abstractmethod
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:

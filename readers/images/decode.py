@@ -60,6 +60,7 @@ __all__ = [
     "decoder_name",
     "encode_jpeg",
     "encoder_name",
+    "image_size",
     "orient",
     "pixel_limit",
 ]
@@ -254,6 +255,18 @@ def _pil_orientation(img: Image.Image) -> int:
         xmp = img.info.get("XML:com.adobe.xmp") or img.info.get("xmp") or b""
         return xmp_orientation(xmp.encode() if isinstance(xmp, str) else xmp)
     return orientation
+
+
+def image_size(data: bytes | memoryview, name: str) -> tuple[int, int]:
+    """The (height, width) :func:`decode_image` gives ``data``, from its header: upright
+    (an EXIF Orientation of 5-8 swaps the sides); ValueError naming ``name``."""
+    try:
+        with _open_pil(bytes(data)) as img:
+            width, height = img.size
+            turned = _pil_orientation(img) in range(5, 9)
+    except (OSError, ValueError, SyntaxError) as e:
+        raise ValueError(f"{name}: cannot read the image's size: {e}") from None
+    return (width, height) if turned else (height, width)
 
 
 def orient(pixels: np.ndarray, orientation: int) -> np.ndarray:
