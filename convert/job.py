@@ -58,6 +58,7 @@ class Job:
             options.transform.output_shape(self.scan.fixed_shape),
             tuple(self.scan.classes),
             options.compression,
+            tuple(self.scan.fields.items()),
         )
 
     def progress_bar(self, initial: int) -> tqdm:

@@ -83,7 +83,9 @@ class Tally:
     digests: bytearray = field(default_factory=bytearray)
 
     def written(self, record: Record, shape: tuple[int, ...]) -> None:
-        self.digests += spec.sample_digest(record.label, record.path, record.data)
+        self.digests += spec.sample_digest(
+            record.label, record.path, record.data, record.fields.items()
+        )
         self.per_class[record.label] += 1
         self.shapes.add(shape)
 

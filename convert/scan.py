@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from convert.samples import Sample, SampleTable
+from readers.fields import Schema
 from readers.spec import UNLABELED
 
 __all__ = [
@@ -54,6 +55,7 @@ class Scan:
     hidden: list[str] = field(default_factory=list)  # relative paths skipped as hidden
     empty_classes: list[str] = field(default_factory=list)  # listed, but no folder
     fixed_shape: tuple[int, int, int] | None = None  # every sample's raw [H, W, 3], if one
+    fields: Schema = field(default_factory=dict)  # what each sample carries (readers.fields)
 
 
 def _hidden(name: str) -> bool:

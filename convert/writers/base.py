@@ -37,8 +37,9 @@ __all__ = [
 @dataclass(frozen=True)
 class Record:
     """One sample to store: ``data`` is encoded bytes (``ext`` jpg, png...) or raw pixels;
-    ``size`` the stored image's (height, width); ``fields`` each field of the layout's
-    schema by name, as canonical bytes (:mod:`readers.fields`) or None where missing."""
+    ``size`` the stored image's (height, width); ``fields`` every field of the layout's
+    schema, in its (sorted) order, as canonical bytes (:mod:`readers.fields`) or None where
+    the sample has no value."""
 
     key: str
     data: bytes | np.ndarray
