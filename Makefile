@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench clean asan
+.PHONY: setup demo test check lint format bench clean asan
 
 $(STAMP): setup.cfg setup.py readers/images/jpegcrop.c readers/formats/crc32.c
 	@# libturbojpeg for the fast JPEG path (without it imgpack falls back to Pillow), and
@@ -30,6 +30,12 @@ test: setup
 	@# the crop path again without the compiled kernel: the fallback must stay correct too
 	IMGPACK_KERNEL=0 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_crop.py \
 		tests/test_crop_large.py tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py tests/test_crc.py
+
+# The quick tier: everything but loopback servers, Ray, torchrun, fuzzing, wheel builds and
+# soak runs (markers in setup.cfg; tests/conftest.py marks the server and cluster fixtures).
+QUICK = not (server or cluster or torchrun or fuzz or wheel or slow or soak)
+check: setup
+	$(BIN)/python -m pytest -q -m "$(QUICK)"
 
 # Benchmarks (minutes; results and method in docs/BENCHMARKS.md).
 bench: setup

@@ -66,6 +66,19 @@ def ray_driver(ray_address: str) -> Iterator[RayDriver]:
     driver.close()
 
 
+# The quick tier (`make check`) leaves out what starts servers or clusters, besides the tests
+# marked torchrun, fuzz, wheel, slow or soak: a test that takes one of these fixtures is
+# marked by it, so a new one lands in the right tier without a decorator.
+_TIER_FIXTURES = {"s3_server": "server", "ray_address": "cluster", "ray_driver": "cluster"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            if fixture in _TIER_FIXTURES:
+                item.add_marker(_TIER_FIXTURES[fixture])
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Scale of tests/test_soak.py: CI's default is short; raise both for a long run."""
     group = parser.getgroup("soak", "soak test (tests/test_soak.py)")

@@ -27,7 +27,10 @@ BATCH = 3
 EPOCHS = 2
 RESUME_AFTER = 2  # batches of the last epoch read before the "preemption"
 
-pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+pytestmark = [
+    pytest.mark.torchrun,
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -501,6 +501,7 @@ print(json.dumps({
 
 
 @needs_kernel
+@pytest.mark.fuzz
 def test_fuzzed_jpegs_never_crash_and_match_the_python_path() -> None:
     """2,000 mutated JPEGs (truncations, byte flips, damaged markers, huge dimensions,
     inserted bytes; restart markers misnumbered, dropped, doubled or declared at another
@@ -822,6 +823,7 @@ def test_the_kernel_encoder_refuses_what_it_cannot_encode() -> None:
 
 
 @needs_kernel
+@pytest.mark.wheel
 def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: Path) -> None:
     # `pip wheel .` (what a release build runs, scripts/wheels/cibuildwheel.toml) puts the
     # kernel and the batch CRC-32 in the wheel, and the wheels' smoke test runs those files

@@ -33,6 +33,8 @@ from tests.conftest import SAMPLE_DATA
 from tests.ray_nodes import RayDriver, convert_logging_nodes, ray_cluster
 from tests.test_ray import assert_same_samples
 
+pytestmark = pytest.mark.cluster
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_RESOURCE = "imgpack_test_worker_node"
 BUCKET = "imgpack-cluster"
