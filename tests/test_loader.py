@@ -8,6 +8,7 @@ The real multi-process runs (gloo, torchrun, mp.spawn) are in tests/test_distrib
 from __future__ import annotations
 
 import json
+import multiprocessing
 import random
 from collections import Counter
 from pathlib import Path
@@ -25,6 +26,7 @@ from readers.epochs.ranges import positions, total
 from readers.epochs.split import Split
 from readers.epochs.state import EpochState
 from tests.dist_rank import digest
+from tests.test_reader_faults import copy_dataset, flip_middle_byte_of_sample
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -505,3 +507,15 @@ def test_epoch_sampler_refuses_an_empty_drop_last_epoch_too(roots):
             readers.WdsStream(
                 roots["wds"], batch_size=batch_size, drop_last=True, rank=0, world_size=40
             )
+
+
+def test_a_worker_error_stops_the_workers_at_once(converted, tmp_path: Path) -> None:
+    # torch's iterator, held by the error's traceback, would stop its workers only when a
+    # later garbage collection found it, 5 s late; the loader drops it as the error passes.
+    root = copy_dataset(converted("pt", "jpeg"), tmp_path)
+    flip_middle_byte_of_sample(root, 5)
+    loader = readers.make_loader(root, 4, shuffle=False, num_workers=1, crop=readers.CenterCrop(32))
+    with pytest.raises(readers.DatasetError, match=r"shard-000000\.pt\[5\]"):
+        for _ in loader:
+            pass
+    assert multiprocessing.active_children() == []

@@ -90,10 +90,21 @@ class Loader:
         self._generation += 1
         generation = self._generation
         self._state, self._split, self._batches = state, split, 0
-        for batch in self.dataloader:
-            if generation == self._generation:
-                self._batches += 1
-            yield batch
+        batches = iter(self.dataloader)
+        try:
+            for batch in batches:
+                if generation == self._generation:
+                    self._batches += 1
+                yield batch
+        except Exception as error:
+            if not self.dataloader.num_workers:
+                raise
+            # A worker's error (its traceback is in the message): torch's iterator, held by
+            # the traceback's frames, would stop its workers only when a later garbage
+            # collection finds it, its queues closed first, 5 s late. Dropped now, it stops
+            # them at once.
+            del batches
+            raise error.with_traceback(None) from None
         release_ended_pools()  # this epoch's workers have ended, unless persistent
         if generation == self._generation:
             if self._batches != split.batches:
