@@ -31,6 +31,8 @@ from readers.storage.remote import RemoteFolder
 from scripts.s3_server import S3Server, free_port, local_s3_server
 from tests.conftest import SAMPLE_DATA
 
+pytestmark = pytest.mark.server  # every test here runs against a loopback S3 server
+
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "imgpack-faults"
 DATASET = f"s3://{BUCKET}/dataset"
