@@ -332,4 +332,5 @@ def write_manifest(
         converted_with=converted_with(options, workers, resizes),
         errors_file=ERRORS_NAME if result.skipped else None,
         source=source,
+        fields=dict(layout.fields),
     ).write()

@@ -242,7 +242,12 @@ def resumable_entries(
 
 
 # Options added since runs were first recorded: what a record without one did.
-IMPLIED_BY_OLDER_RECORDS = {"restart_markers": False}
+IMPLIED_BY_OLDER_RECORDS = {
+    "restart_markers": False,
+    "fields": None,
+    "metadata": None,
+    "schema": {},
+}
 
 
 def same_options(path: str | Path, recorded: dict[str, Any], options: dict[str, Any]) -> None:

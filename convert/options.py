@@ -54,6 +54,8 @@ class ConvertOptions:
     split: str | None = None  # the split of a Hugging Face Parquet source (--split)
     file_list: str | None = None  # the files to convert, listed (with labels): no walk of SRC
     restart_markers: bool = True  # a restart marker every MCU of the JPEGs it encodes
+    fields: tuple[str, ...] | None = None  # the fields to keep; None: all, (): none
+    metadata: str | None = None  # a folder's CSV / JSON lines / Parquet of fields (--metadata)
 
     def validate(self) -> None:
         """Raise ValueError naming the bad option and the fix."""
@@ -85,6 +87,8 @@ class ConvertOptions:
                 "crop would pad every image with black on its shorter side; use a crop no "
                 "larger than the resize"
             )
+        if self.metadata and self.file_list:
+            raise ValueError("--metadata applies to a walked folder: drop --file-list")
         if self.compression is not None and self.format != "hdf5":
             raise ValueError("--compression applies to --format hdf5 only")
         if self.compression not in (None, "gzip", "lzf"):

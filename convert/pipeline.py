@@ -40,6 +40,7 @@ from convert.samples import SampleTable
 from convert.scan import Scan
 from convert.sources import SampleSource, open_source
 from readers import spec
+from readers.fields import Schema
 from readers.storage.remote import StorageError, is_url, local_path
 
 __all__ = ["ConversionInterrupted", "convert_folder"]
@@ -120,7 +121,7 @@ def convert_folder(
             raise bad_input(scan.problems[0], resumable=False)
         run = EXECUTORS[executor](options, samples, ray_address)
         header = {
-            "options": json.loads(json.dumps(asdict(options))),
+            "options": _compared(asdict(options), scan.fields),
             "source_fingerprint": source_fingerprint(samples),
             "classes": scan.classes,
             **run.header(),
@@ -157,6 +158,13 @@ def _start(run: Executor, destination: Destination, header: dict[str, Any], resu
     destination.keep_only(kept)
     journal.start(header, kept)
     return run.start(journal, kept, destination.publish)
+
+
+def _compared(options: dict[str, Any], schema: Schema) -> dict[str, Any]:
+    """What a resume finds unchanged: the options (JSON values) and the fields stored, by
+    kind (an array's dtype and shape are only known once written)."""
+    kinds = {name: field_spec.kind for name, field_spec in schema.items()}
+    return json.loads(json.dumps({**options, "schema": kinds}))
 
 
 def _scan(source: SampleSource, options: ConvertOptions) -> tuple[Scan, SampleTable]:
@@ -232,7 +240,8 @@ def _already_complete(destination: Destination, header: dict[str, Any]) -> Conve
     """The result of a ``--resume`` into a dataset that is complete: nothing to do."""
     where = destination.dst
     manifest = destination.manifest()
-    same_options(f"{where}/{spec.MANIFEST_NAME}", manifest.options, header["options"])
+    recorded = _compared(manifest.options, manifest.fields)
+    same_options(f"{where}/{spec.MANIFEST_NAME}", recorded, header["options"])
     if manifest.source_fingerprint != header["source_fingerprint"]:
         raise ValueError(
             f"{where}: already complete, but the source folder's list of images has changed "

@@ -91,11 +91,13 @@ class Transform:
 
 @dataclass(frozen=True)
 class Prepared:
-    """One sample ready to write: raw pixels or encoded bytes, with its image extension."""
+    """One sample ready to write: raw pixels or encoded bytes, with its image extension,
+    and its fields' canonical bytes as the source's reader gave them (schema order)."""
 
     data: bytes | np.ndarray
     ext: str  # jpg, png, ... for encoded data; "raw" for pixels
-    shape: tuple[int, int, int]  # [H, W, 3] of the decoded image
+    shape: tuple[int, int, int]  # [H, W, 3] of the stored image
+    fields: tuple[bytes | None, ...] = ()
 
 
 def resize_shorter(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from convert.cli.options import progress_option
+from convert.cli.options import chosen_fields, field_options, progress_option
 from convert.executors import EXECUTORS
 from convert.options import ON_ERROR, ConvertOptions, default_workers
 from convert.pipeline import ConversionInterrupted, convert_folder
@@ -126,6 +126,7 @@ def _interrupt(signum: int, frame: object) -> None:
     "(its files SPLIT-NNNNN-of-NNNNN.parquet, also under data/); needed when SRC holds "
     "several.",
 )
+@field_options
 @click.option(
     "--include-hidden",
     is_flag=True,
@@ -244,6 +245,9 @@ def convert(
     unlabeled: bool,
     label_key: str | None,
     split: str | None,
+    fields: str | None,
+    no_fields: bool,
+    metadata: Path | None,
     include_hidden: bool,
     exact_resize: bool,
     restart_markers: bool,
@@ -306,6 +310,8 @@ def convert(
         unlabeled=unlabeled,
         label_key=label_key,
         split=split,
+        fields=chosen_fields(fields, no_fields),
+        metadata=str(metadata) if metadata else None,
         center_crop=center_crop,
         quality=quality,
         shard_size=shard_size,

@@ -83,6 +83,7 @@ def _write_samples(job: Job, ledger: SequentialLedger, output: ShardedOutput) ->
     bar = job.progress_bar(start)
     positions = range(start, len(job.samples))
     todo = map(job.samples.__getitem__, positions)  # made one at a time, not copied
+    names = tuple(job.scan.fields)
     stream = prepared_in_order(job.reader, job.samples, job.options.transform, job.workers, start)
     with bar, contextlib.closing(stream):
         for position, sample, prepared in zip(positions, todo, stream, strict=True):
@@ -96,7 +97,13 @@ def _write_samples(job: Job, ledger: SequentialLedger, output: ShardedOutput) ->
                 continue
             key = spec.SAMPLE_KEY.format(ledger.written_samples)
             record = Record(
-                key, prepared.data, prepared.ext, sample.label, sample.relpath, prepared.shape[:2]
+                key,
+                prepared.data,
+                prepared.ext,
+                sample.label,
+                sample.relpath,
+                prepared.shape[:2],
+                dict(zip(names, prepared.fields, strict=True)),
             )
             finished = output.add(record)
             if finished is not None:

@@ -147,7 +147,8 @@ def write_shard(task: ShardTask, prepared: Iterable[Prepared | str]) -> ShardOut
                     return outcome
                 continue
             key = spec.SAMPLE_KEY.format(position)
-            record = Record(key, item.data, item.ext, label, relpath, item.shape[:2])
+            fields = dict(zip(task.layout.schema, item.fields, strict=True))
+            record = Record(key, item.data, item.ext, label, relpath, item.shape[:2], fields)
             if writer is None:
                 writer = WRITERS[task.fmt](tmp, task.layout)
             writer.add(record)

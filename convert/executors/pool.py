@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import itertools
 import os
 import pickle
@@ -34,7 +35,7 @@ import torch
 
 from convert.process import Prepared, Transform, prepare
 from convert.scan import Sample
-from convert.sources.base import SampleReader
+from convert.sources.base import SampleReader, WithFields
 from readers import spec
 
 __all__ = ["WorkerDiedError", "prepare_samples", "prepared_in_order"]
@@ -83,11 +84,18 @@ def _take_from_spool(path: str) -> list[Prepared | str]:
         os.unlink(path)
 
 
-def _prepare_one(stored: bytes | np.ndarray, name: str, transform: Transform) -> Prepared | str:
+def _prepare_one(
+    stored: bytes | np.ndarray | WithFields, name: str, transform: Transform
+) -> Prepared | str:
+    """The image prepared, its fields (if the reader gave any) passed on unchanged."""
+    image = stored.image if isinstance(stored, WithFields) else stored
     try:
-        return prepare(stored, name, transform)
+        prepared = prepare(image, name, transform)
     except ValueError as e:
         return str(e)
+    if isinstance(stored, WithFields):
+        return dataclasses.replace(prepared, fields=stored.fields)
+    return prepared
 
 
 def prepared_in_order(

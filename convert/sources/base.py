@@ -11,7 +11,8 @@ pixels, or a one-line error naming the sample, which ``--on-error`` then judges.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,12 +20,34 @@ import numpy as np
 
 from convert.options import ConvertOptions
 from convert.scan import Sample, Scan
+from readers.fields import FieldSpec
 
-__all__ = ["SampleReader", "SampleSource", "Stored", "position", "refuse_folder_options"]
+__all__ = [
+    "SampleReader",
+    "SampleSource",
+    "Stored",
+    "WithFields",
+    "kind_clash",
+    "position",
+    "refuse_folder_options",
+    "select_fields",
+]
 
-Stored = bytes | np.ndarray | str
-"""One sample as a reader gives it: encoded bytes, raw uint8 ``[H, W, 3]`` pixels, or the
-message saying why it could not be read (naming the sample)."""
+
+@dataclass(frozen=True, slots=True)
+class WithFields:
+    """A sample's image (encoded bytes or raw pixels) and its fields' canonical bytes, in
+    the scan's schema order (None: missing), read in the worker that reads the image, so
+    that field values never cross the main process one sample at a time."""
+
+    image: bytes | np.ndarray
+    fields: tuple[bytes | None, ...]
+
+
+Stored = bytes | np.ndarray | WithFields | str
+"""One sample as a reader gives it: encoded bytes, raw uint8 ``[H, W, 3]`` pixels, either
+with its fields (:class:`WithFields`), or the message saying why it could not be read
+(naming the sample)."""
 
 
 class SampleReader(Protocol):
@@ -66,6 +89,32 @@ class SampleSource(Protocol):
     def record(self) -> dict[str, Any] | None:
         """What the new manifest records of the source (``source``), or None."""
         ...
+
+
+def select_fields(
+    where: str, found: Mapping[str, FieldSpec], options: ConvertOptions
+) -> dict[str, FieldSpec]:
+    """The schema to store: the ``found`` fields (sorted), all of them, the ones
+    ``--fields`` names or none (``--no-fields``); an unknown name is a ValueError listing
+    the fields there are."""
+    chosen = dict(sorted(found.items()))
+    if options.fields is None:
+        return chosen
+    unknown = [name for name in options.fields if name not in chosen]
+    if unknown:
+        there = ", ".join(chosen) or "none"
+        raise ValueError(
+            f"{where}: --fields {unknown[0]!r}: no such field (the source's fields: {there})"
+        )
+    return {name: spec for name, spec in chosen.items() if name in options.fields}
+
+
+def kind_clash(where: str, name: str, first: str, second: str) -> ValueError:
+    """The error of a field whose kind differs between samples or files."""
+    return ValueError(
+        f"{where}: field {name!r} is {first} in some samples and {second} in others: make "
+        "them agree, or leave it out with --fields"
+    )
 
 
 def position(sample: Sample) -> int:

@@ -132,8 +132,10 @@ file keeps its disk space while it is mapped)."""
 
 @dataclass(frozen=True)
 class Spans:
-    """Where each sample of a foreign source lies: an ``int64 [N, 3]`` table of (file
-    number, start, length), saved as ``.npy`` at ``path``."""
+    """Where each sample of a foreign source lies: an ``int64 [N, 3 + 2F]`` table of (file
+    number, start, length) and, for each of F fields a WebDataset source carries, its
+    member's (start, length; -1 where the sample has none), saved as ``.npy`` at
+    ``path``."""
 
     path: str
 
@@ -143,7 +145,8 @@ class Spans:
         folder = tempfile.mkdtemp(prefix="imgpack-source-")
         weakref.finalize(owner, shutil.rmtree, folder, True)
         path = Path(folder) / "spans.npy"
-        np.save(path, np.asarray(rows, dtype=np.int64).reshape(-1, 3), allow_pickle=False)
+        table = np.asarray(rows, dtype=np.int64)
+        np.save(path, table if table.ndim == 2 else table.reshape(-1, 3), allow_pickle=False)
         return cls(str(path))
 
     def rows(self) -> np.ndarray:

@@ -7,8 +7,8 @@ name. A member extension met twice within one run starts a second sample with th
 walked by its headers (a local one skipping the image bytes; a URL as a stream), each image
 then read by its offset in the tar. A compressed one (gzip, bzip2, xz: ``.tar.gz``,
 ``.tgz``, or any tar name; recognised by its first bytes) cannot be read by byte range, so
-its one stream decompression copies the image members into a staged file in a temporary
-folder (as many bytes as the images: ``TMPDIR`` says where), which the workers read by
+its one stream decompression copies the members into a staged file in a temporary
+folder (as many bytes as the samples: ``TMPDIR`` says where), which the workers read by
 offset and which is removed with the source.
 """
 
@@ -42,7 +42,7 @@ class Member:
     """One member of a sample: its name in the tar and where its bytes lie."""
 
     name: str
-    offset: int  # in the tar; for a compressed tar's image, in its staged file
+    offset: int  # in the tar; for a compressed tar's member, in its staged file
     size: int
 
 
@@ -150,11 +150,11 @@ def _samples(
                 yield sample
             sample = TarSample(key)
         offset = info.offset_data
-        if ext == label_member or (staged is not None and ext in IMAGE_EXTS):
+        if ext == label_member or staged is not None:
             data = _read(tf, info)
             if ext == label_member:
                 sample.label = data
-            if staged is not None and ext in IMAGE_EXTS:
+            if staged is not None:
                 offset = staged.tell()
                 staged.write(data)
         sample.members[ext] = Member(info.name, offset, info.size)

@@ -29,10 +29,25 @@ import numpy as np
 from convert.options import ConvertOptions
 from convert.samples import Sample, SampleTable
 from convert.scan import Scan
-from convert.sources.base import Stored, position, refuse_folder_options
+from convert.sources.base import (
+    Stored,
+    WithFields,
+    position,
+    refuse_folder_options,
+    select_fields,
+)
 from convert.sources.files import FileSource, Spans, split_url
 from convert.sources.labels import LabelField, Labels
-from convert.sources.tar_members import IMAGE_EXTS, TAR_SUFFIXES, Staging, split_name, walk
+from convert.sources.tar_members import (
+    IMAGE_EXTS,
+    TAR_SUFFIXES,
+    Member,
+    Staging,
+    TarSample,
+    split_name,
+    walk,
+)
+from readers.fields import FieldSpec, canonical, extension_kind
 from readers.storage.remote import is_url
 
 __all__ = ["DEFAULT_LABEL_KEY", "IMAGE_EXTS", "TAR_SUFFIXES", "TarReader", "WebDatasetSource"]
@@ -42,11 +57,12 @@ DEFAULT_LABEL_KEY = "cls"
 
 @dataclass(frozen=True)
 class TarReader:
-    """Reads each sample's image bytes from its tar (or a compressed tar's staged file), by
-    the offsets the scan recorded."""
+    """Reads each sample's image bytes (and its fields' members, made canonical) from its
+    tar, or a compressed tar's staged file, by the offsets the scan recorded."""
 
     tars: tuple[str, ...]  # local paths (absolute) or URLs
     spans: Spans
+    fields: tuple[tuple[str, str], ...] = ()  # (extension, kind) of each field, spans' order
 
     def read(self, samples: Sequence[Sample]) -> list[Stored]:
         rows = self.spans.rows()
@@ -55,18 +71,36 @@ class TarReader:
         for k, sample in enumerate(samples):
             by_tar.setdefault(int(rows[position(sample), 0]), []).append(k)
         for tar, ks in by_tar.items():
-            spans = [rows[position(samples[k])] for k in ks]
+            spans = [_member_spans(rows[position(samples[k])]) for k in ks]
+            wanted = [span for sample_spans in spans for span in sample_spans if span[1] >= 0]
             try:
-                data = self._ranges(
-                    self.tars[tar], [int(s[1]) for s in spans], [int(s[2]) for s in spans]
+                data = iter(
+                    self._ranges(self.tars[tar], [s for s, _ in wanted], [n for _, n in wanted])
                 )
             except (OSError, ValueError) as e:
                 for k in ks:
                     out[k] = f"{samples[k].relpath}: cannot read from {self.tars[tar]}: {e}"
                 continue
-            for k, value in zip(ks, data, strict=True):
-                out[k] = value if value else f"{samples[k].relpath}: empty image member"
+            for k, sample_spans in zip(ks, spans, strict=True):
+                values = [next(data) if n >= 0 else None for _, n in sample_spans]
+                out[k] = self._stored(samples[k].relpath, values)
         return out
+
+    def _stored(self, name: str, values: list[bytes | None]) -> Stored:
+        """One sample's image and fields from its members' bytes, or its error."""
+        image = values[0]
+        if not image:
+            return f"{name}: empty image member"
+        if not self.fields:
+            return image
+        try:
+            fields = tuple(
+                None if value is None else canonical(kind, value, f"{name}: its .{ext} member")
+                for (ext, kind), value in zip(self.fields, values[1:], strict=True)
+            )
+        except ValueError as e:
+            return str(e)
+        return WithFields(image, fields)
 
     @staticmethod
     def _ranges(tar: str, starts: list[int], sizes: list[int]) -> list[bytes]:
@@ -97,6 +131,7 @@ class WebDatasetSource(FileSource):
     def __init__(self, src: str, label_key: str | None = None) -> None:
         super().__init__(src, label_key or DEFAULT_LABEL_KEY)
         self.label_field = LabelField.parse(self.label_key or DEFAULT_LABEL_KEY)
+        self.fields: dict[str, FieldSpec] = {}  # the scan's schema
 
     def scan(self, options: ConvertOptions) -> Scan:
         """Every sample with an image member, in tar order; one without, or a duplicate
@@ -107,6 +142,7 @@ class WebDatasetSource(FileSource):
         paths: list[str] = []
         raw_labels: list[bytes | None] = []
         key_hashes = array("Q")  # of each sample's key, to find a repeated one: 8 bytes each
+        members = _FieldMembers()
         staging = Staging(self)
         for number, tar in enumerate(self.files):
             for sample in walk(tar, number, self.label_field.member, staging):
@@ -119,12 +155,15 @@ class WebDatasetSource(FileSource):
                 rows.append((number, image.offset, image.size))
                 raw_labels.append(sample.label)
                 key_hashes.append(_key_hash(sample.key))
+                members.add(sample, image, self.label_field)
         if not rows:
             raise FileNotFoundError(
                 f"{self.where}: no samples with an image member in {len(self.files)} tar(s)"
             )
+        found = {ext: FieldSpec(extension_kind(ext)) for ext in members.columns}
+        self.fields = select_fields(self.where, found, options)
         self._read_from = tuple(staging.read_from(tar) for tar in self.files)
-        self._spans = Spans.write(np.array(rows), self)
+        self._spans = Spans.write(members.table(rows, self.fields), self)
         repeats = _repeated_keys(key_hashes, paths)
         labels = Labels(self.where, str(self.label_field), options.classes)
         for at, (path, raw) in enumerate(zip(paths, raw_labels, strict=True)):
@@ -140,7 +179,7 @@ class WebDatasetSource(FileSource):
             for i, label in zip(kept, numbers, strict=True)
             if label is not None
         )
-        return Scan(classes, samples, problems + left_out)
+        return Scan(classes, samples, problems + left_out, fields=self.fields)
 
     def _duplicate(self, path: str, tar: int, first_tar: int) -> str:
         """Why the sample at ``path`` (in tar number ``tar``) is left out: its key repeats
@@ -155,10 +194,51 @@ class WebDatasetSource(FileSource):
     def reader(self) -> TarReader:
         if self._spans is None:
             raise RuntimeError("WebDatasetSource.reader before scan")
-        return TarReader(self._read_from, self._spans)
+        kinds = tuple((ext, spec.kind) for ext, spec in self.fields.items())
+        return TarReader(self._read_from, self._spans, kinds)
 
     def record(self) -> dict[str, Any]:
         return {**super().record(), "label_key": self.label_key}
+
+
+class _FieldMembers:
+    """Where each sample's field members lie, by extension: a column of (offset, size) per
+    extension met (-1 where a sample has none), 16 bytes a sample and field."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, tuple[array, array]] = {}
+        self.samples = 0
+
+    def add(self, sample: TarSample, image: Member, label: LabelField) -> None:
+        """Record the members of ``sample`` other than its ``image`` and ``label`` member
+        (a JSON member a label is read from stays a field: it holds more)."""
+        for ext, member in sample.members.items():
+            if member is image or (ext == label.member and not label.keys):
+                continue
+            if ext not in self.columns:
+                before = self.samples  # the samples before it: none had this member
+                self.columns[ext] = (array("q", [0] * before), array("q", [-1] * before))
+            offsets, sizes = self.columns[ext]
+            offsets.append(member.offset)
+            sizes.append(member.size)
+        self.samples += 1
+        for offsets, sizes in self.columns.values():
+            if len(sizes) < self.samples:
+                offsets.append(0)
+                sizes.append(-1)
+
+    def table(self, rows: list[tuple[int, int, int]], fields: Sequence[str]) -> np.ndarray:
+        """The spans' table: ``rows`` and, for each of ``fields``, its (offset, size)."""
+        columns = [np.array(rows, dtype=np.int64).reshape(-1, 3)]
+        for ext in fields:
+            offsets, sizes = self.columns[ext]
+            columns += [np.frombuffer(column, np.int64)[:, None] for column in (offsets, sizes)]
+        return np.hstack(columns)
+
+
+def _member_spans(row: np.ndarray) -> list[tuple[int, int]]:
+    """(offset, size) of a spans row's image, then of each field's member (size -1: none)."""
+    return [(int(row[i]), int(row[i + 1])) for i in range(1, len(row), 2)]
 
 
 def _key_hash(key: str) -> int:
