@@ -7,7 +7,8 @@ Batches of 64; ``--crop`` says how the images become 224x224: ``transform`` (a p
 centre crop after the full decode), ``centre`` or ``random`` (``crop=`` inside the decode:
 ``CenterCrop(224, ratio=224/256)``, ``RandomResizedCrop(224, flip=True)``), ``noop``
 (``crop=CenterCrop(224)`` of images stored at 224: the kernel's crop path, no crop), ``none``
-(stored at that size: raw, or JPEGs read by the plain path). One untimed epoch, then
+(stored at that size: raw, or JPEGs read by the plain path). ``--fields txt,json``: read
+those fields too (``make_loader(..., fields=...)``). One untimed epoch, then
 ``--passes`` epochs timed; the result line is ``{"rate": samples/s, "unit": "samples/s"}``.
 
     .venv/bin/python -m scripts.bench.ab --rev a662b92 --rounds 6 \\
@@ -76,14 +77,18 @@ def main() -> None:
     parser.add_argument("--crop", choices=CROPS, default="transform")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     parser.add_argument("--passes", type=int, default=3, help="timed epochs")
+    parser.add_argument("--fields", default="", help="comma-separated fields to read too")
     args = parser.parse_args()
-    epoch = READERS[args.reader](args.dataset, args.workers, CROPS[args.crop]())
+    options = CROPS[args.crop]()
+    if args.fields:
+        options["fields"] = tuple(args.fields.split(","))
+    epoch = READERS[args.reader](args.dataset, args.workers, options)
     for _ in epoch(0):  # workers started, page cache warm
         pass
     seen, start = 0, time.perf_counter()
     for k in range(1, args.passes + 1):
-        for _images, labels in epoch(k):
-            seen += len(labels)
+        for batch in epoch(k):
+            seen += len(batch[1])  # (images, labels, *fields)
     emit(rate=seen / (time.perf_counter() - start), unit="samples/s")
 
 

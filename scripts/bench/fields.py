@@ -1,0 +1,183 @@
+"""Sample fields (issue 30), measured side by side in one run: what captions cost.
+
+The data is img2dataset's: the benchmark folder's JPEGs written as WebDataset tars with a
+caption (``txt``, 8-40 words, some non-ASCII) and a ``json`` (url, width, height, score) per
+sample, by ``webdataset.TarWriter``. Contenders, each a child process
+(:mod:`scripts.bench.convert_rate`, :mod:`scripts.bench.read_rate`), in interleaved rounds
+whose order reverses each round; medians quoted:
+
+* conversion of those tars to ``pt`` jpeg at 224 (``--resize 256 --center-crop 224``),
+  with their fields against ``--no-fields``;
+* ``make_loader`` reads (plain path, no workers) of the dataset with fields, without
+  ``fields=`` and with ``fields=("txt",)``, against the dataset converted ``--no-fields``;
+* ``ds.metadata()`` over ``--metadata-samples`` samples (tiny JPEGs with a caption and a
+  json each, converted once and kept in ``--work``): seconds and peak memory
+  (:mod:`scripts.bench.metadata_rate`), three runs.
+
+    .venv/bin/python -m scripts.bench.fields --folder bench-data/folder --rounds 5 [--json F]
+
+Targets: reads without ``fields=`` >= 0.97x, with ``fields=("txt",)`` >= 0.9x, conversion
+with fields >= 0.95x; ``metadata()`` of 1 M samples under 2 s and 300 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import random
+import shutil
+import statistics
+from pathlib import Path
+
+import webdataset
+from PIL import Image
+
+from convert import ConvertOptions, convert_folder
+from scripts.bench.ab import run_child
+from scripts.bench.common import image_files, machine_info, print_machine, write_json
+from scripts.bench.settings import CROP, FOLDER, RESIZE, ROOT, WORK
+
+VOCABULARY = (
+    "a photo of the old harbour at dusk with boats and gulls over grey water near Zürich "
+    "café naïve façade 東京 München Ελλάδα street market red blue green tiny large"
+)
+WORDS = VOCABULARY.split()
+TAR_SAMPLES = 500
+
+
+def caption(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 40)))
+
+
+def write_tars(samples: list[tuple[bytes, int, tuple[int, int]]], out: Path, seed: int = 0) -> Path:
+    """``samples`` (JPEG bytes, label, (width, height)) as captioned tars in ``out``."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    rng = random.Random(seed)
+    for start in range(0, len(samples), TAR_SAMPLES):
+        with webdataset.TarWriter(str(out / f"{start // TAR_SAMPLES:05d}.tar")) as tar:
+            for i, (jpeg, label, (width, height)) in enumerate(
+                samples[start : start + TAR_SAMPLES], start
+            ):
+                meta = {"url": f"https://example.com/{i}.jpg", "width": width, "height": height}
+                tar.write(
+                    {
+                        "__key__": f"{i:08d}",
+                        "jpg": jpeg,
+                        "cls": label,
+                        "txt": caption(rng),
+                        "json": {**meta, "score": round(rng.random(), 4)},
+                    }
+                )
+    return out
+
+
+def folder_samples(folder: Path) -> list[tuple[bytes, int, tuple[int, int]]]:
+    files = image_files(folder)
+    classes = sorted({f.parent.name for f in files})
+    out = []
+    for f in files:
+        with Image.open(f) as image:
+            size = image.size
+        out.append((f.read_bytes(), classes.index(f.parent.name), size))
+    return out
+
+
+def tiny_samples(count: int) -> list[tuple[bytes, int, tuple[int, int]]]:
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 12), (120, 60, 30)).save(buffer, "JPEG", quality=90)
+    return [(buffer.getvalue(), i % 10, (16, 12)) for i in range(count)]
+
+
+def convert(src: Path, dst: Path, **options: object) -> Path:
+    convert_folder(
+        src, dst, ConvertOptions(format="pt", **options), workers=2, overwrite=True, progress=False
+    )
+    return dst
+
+
+def metadata_dataset(work: Path, count: int) -> Path:
+    """The ``metadata()`` dataset, converted once (kept while its sample count matches)."""
+    dst = work / f"fields-metadata-{count}"
+    if (dst / "imgpack.json").is_file():
+        return dst
+    tars = write_tars(tiny_samples(count), work / "fields-metadata-tars")
+    convert(tars, dst, encoding="original")
+    shutil.rmtree(tars)
+    return dst
+
+
+def interleaved(named: dict[str, tuple[str, list[str]]], rounds: int) -> dict[str, list[float]]:
+    rates: dict[str, list[float]] = {name: [] for name in named}
+    for round_ in range(rounds):
+        order = list(named) if round_ % 2 == 0 else list(named)[::-1]
+        load = os.getloadavg()[0]
+        for name in order:
+            child, args = named[name]
+            rates[name].append(run_child(ROOT, child, args)["rate"])
+        print(f"round {round_ + 1} (load {load:.2f}):", {n: round(v[-1]) for n, v in rates.items()})
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--folder", type=Path, default=FOLDER, help="the benchmark folder")
+    parser.add_argument("--work", type=Path, default=WORK, help="scratch folder")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--metadata-samples", type=int, default=1_000_000)
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    args = parser.parse_args()
+    info = machine_info()
+    print_machine(info)
+    work = args.work.resolve()
+    tars = write_tars(folder_samples(args.folder), work / "fields-tars")
+    geometry = {"encoding": "jpeg", "resize": RESIZE, "center_crop": CROP}
+    with_fields = str(convert(tars, work / "fields-pt", **geometry))
+    without = str(convert(tars, work / "fields-none-pt", fields=(), **geometry))
+
+    crop = ["--resize", str(RESIZE), "--center-crop", str(CROP)]
+    conversion = interleaved(
+        {
+            "convert, fields": ("convert_rate", ["--folder", str(tars), *crop]),
+            "convert, --no-fields": ("convert_rate", ["--folder", str(tars), *crop, "--no-fields"]),
+        },
+        args.rounds,
+    )
+    read = ["--reader", "make-loader", "--crop", "none"]
+    reads = interleaved(
+        {
+            "read, no fields stored": ("read_rate", [without, *read]),
+            "read, fields stored": ("read_rate", [with_fields, *read]),
+            "read, fields=txt": ("read_rate", [with_fields, *read, "--fields", "txt"]),
+        },
+        args.rounds,
+    )
+    rates = {**conversion, **reads}
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    for name, values in rates.items():
+        print(f"{name:24} {median[name]:8,.0f} /s   {' / '.join(f'{v:,.0f}' for v in values)}")
+    ratios = {
+        "conversion with fields / --no-fields": median["convert, fields"]
+        / median["convert, --no-fields"],
+        "read without fields= / no fields stored": median["read, fields stored"]
+        / median["read, no fields stored"],
+        "read fields=txt / no fields stored": median["read, fields=txt"]
+        / median["read, no fields stored"],
+    }
+    for name, ratio in ratios.items():
+        print(f"{name:42} {ratio:.3f}")
+
+    dataset = str(metadata_dataset(work, args.metadata_samples))
+    metadata = [run_child(ROOT, "metadata_rate", [dataset]) for _ in range(3)]
+    for run in metadata:
+        rows, seconds, mb = run["rows"], run["seconds"], run["rss_mb"]
+        print(f"metadata() of {rows:,} samples: {seconds:.2f} s, {mb:.0f} MB")
+    write_json(
+        args.json,
+        {"machine": info, "rates": rates, "ratios": ratios, "metadata": metadata},
+    )
+
+
+if __name__ == "__main__":
+    main()
