@@ -18,6 +18,8 @@ from convert import ConvertOptions, convert_folder
 from convert.writers import Layout, Record
 from convert.writers.pt import PtWriter
 from readers import spec
+from readers.fields import FieldSpec
+from readers.formats.field_columns import column_crc
 from tests.conftest import ROOT
 from tests.photos import encode, photo_crop
 
@@ -107,9 +109,13 @@ def test_streamed_pt_shard_is_what_torch_save_writes(tmp_path, encoding: str, sh
             data = rng.integers(0, 256, shape or (*rng.integers(1, 9, 2), 3), dtype=np.uint8)
         path = f"class{i % 3}/img-é{i}\udcff.jpg"  # not UTF-8: kept as its bytes
         size = data.shape[:2] if isinstance(data, np.ndarray) else (7, 9)
-        records.append(Record(f"{i:010d}", data, "jpg", int(rng.integers(-1, 3)), path, size))
+        fields = {"n": None if i % 4 == 0 else b"%d" % i, "txt": f"caption {i} «é»".encode()}
+        label = int(rng.integers(-1, 3))
+        records.append(Record(f"{i:010d}", data, "jpg", label, path, size, fields))
     (tmp_path / "mine").mkdir()
-    writer = PtWriter(tmp_path / "mine" / "shard.pt", Layout(encoding, shape, ("a", "b")))
+    schema = (("n", FieldSpec("int")), ("txt", FieldSpec("text")))
+    layout = Layout(encoding, shape, ("a", "b"), fields=schema)
+    writer = PtWriter(tmp_path / "mine" / "shard.pt", layout)
     for record in records:
         writer.add(record)
     writer.close()
@@ -134,6 +140,20 @@ def test_streamed_pt_shard_is_what_torch_save_writes(tmp_path, encoding: str, sh
         )
     if encoding != "raw":
         expected[spec.PT_CRCS] = torch.tensor([spec.sample_crc(r.data) for r in records])
+    expected[spec.PT_SIZES] = torch.tensor([r.size for r in records])
+    n_values = torch.tensor([0 if r.fields["n"] is None else int(r.fields["n"]) for r in records])
+    n_valid = torch.tensor([r.fields["n"] is not None for r in records], dtype=torch.uint8)
+    expected[spec.field_key("n", spec.FIELD_VALUES)] = n_values
+    expected[spec.field_key("n", spec.FIELD_VALID)] = n_valid
+    crc = column_crc(n_values.numpy(), n_valid.numpy())
+    expected[spec.field_key("n", spec.FIELD_CRC)] = torch.tensor([crc], dtype=torch.uint32)
+    captions = [r.fields["txt"] for r in records]
+    data, offsets = concat(captions)
+    expected[spec.field_key("txt", spec.FIELD_DATA)] = data
+    expected[spec.field_key("txt", spec.FIELD_OFFSETS)] = offsets
+    crcs = torch.tensor([spec.sample_crc(c) for c in captions], dtype=torch.uint32)
+    expected[spec.field_key("txt", spec.FIELD_CRCS)] = crcs
+    expected[spec.field_key("txt", spec.FIELD_VALID)] = torch.ones(50, dtype=torch.uint8)
     (tmp_path / "torch").mkdir()
     torch.save(expected, tmp_path / "torch" / "shard.pt")
     assert (tmp_path / "mine" / "shard.pt").read_bytes() == (

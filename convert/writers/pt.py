@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from convert.writers.base import Layout, Record
+from convert.writers.fields import ShardColumns
 from convert.writers.spool import Spool
 from readers import spec
 from readers.formats.checks import stored_crc
@@ -51,6 +52,7 @@ class PtWriter:
         if layout.kind is StorageKind.ENCODED:
             names.append(spec.PT_CRCS)
         self.spools = {name: Spool(path) for name in names}
+        self.columns = ShardColumns(layout.schema, path, spooled=True)
         self.n = 0
         self.path_bytes = 0
         self.data_bytes = 0
@@ -84,6 +86,7 @@ class PtWriter:
             self._put(spec.PT_OFFSETS, self.data_bytes)
         if spec.PT_CRCS in self.spools:
             self._put(spec.PT_CRCS, stored_crc(data))
+        self.columns.add(record)
         self.n += 1
 
     def close(self) -> list[str]:
@@ -99,19 +102,34 @@ class PtWriter:
                 spec.PT_OFFSETS: (n + 1,),
                 spec.PT_CRCS: (n,),
             }
-            skeleton = {
-                name: torch.empty(
-                    sizes[name], dtype=torch.uint8 if name in _BYTE_TENSORS else torch.int64
-                )
-                for name in self.spools
-            }
+            tensors = [
+                (name, sizes[name], torch.uint8 if name in _BYTE_TENSORS else torch.int64, spool)
+                for name, spool in self.spools.items()
+            ]
+            tensors += self._recorded_columns()
+            skeleton = {name: torch.empty(size, dtype=dtype) for name, size, dtype, _ in tensors}
             with torch.serialization.skip_data():
                 torch.save(skeleton, self.path)
-            _fill_archive(self.path, list(self.spools.values()))
+            _fill_archive(self.path, [spool for *_, spool in tensors])
         finally:
             for spool in self.spools.values():
                 spool.close()
+            self.columns.close()
         return []
+
+    def _recorded_columns(self) -> list[tuple[str, tuple[int, ...], torch.dtype, Spool]]:
+        """The sizes, then each field's parts, as ``(key, shape, dtype, spool)``."""
+        parts = [(spec.PT_SIZES, self.columns.sizes)]
+        parts += [(spec.field_key(name, part), v) for name, part, v in self.columns.parts()]
+        out = []
+        for key, value in parts:
+            if isinstance(value, Spool):  # a variable field's bytes
+                out.append((key, (value.nbytes,), torch.uint8, value))
+                continue
+            spool = self.spools[key] = Spool(self.path)  # closed with the others
+            spool.write(memoryview(np.ascontiguousarray(value)).cast("B"))
+            out.append((key, value.shape, torch.from_numpy(value[:0].copy()).dtype, spool))
+        return out
 
 
 # --- the zip archive torch.save writes --------------------------------------------------

@@ -14,16 +14,25 @@ from __future__ import annotations
 
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from readers.fields import SCALAR_KINDS, FieldSpec, decode, scalar_bytes
 from readers.formats.checks import stored_crcs
-from readers.spec import DatasetError
+from readers.spec import (
+    FIELD_CRC,
+    FIELD_CRCS,
+    FIELD_DATA,
+    FIELD_OFFSETS,
+    FIELD_SIZES,
+    FIELD_VALID,
+    FIELD_VALUES,
+    DatasetError,
+)
 
-__all__ = ["BlobColumn", "FieldColumn", "ScalarColumn", "column_crc"]
+__all__ = ["BlobColumn", "FieldColumn", "ScalarColumn", "column_crc", "open_columns"]
 
 Fetch = Callable[[int, int], bytes | memoryview]
 """The bytes ``[start, stop)`` of a blob column's storage."""
@@ -137,3 +146,48 @@ class ScalarColumn(FieldColumn):
     def values(self, indices: Sequence[int]) -> list[Any]:
         values, valid = self.scalars()
         return [values[i].item() if valid[i] else None for i in indices]
+
+
+Part = Callable[[str, str], np.ndarray]
+"""The stored array of part ``part`` of field ``name`` (``DatasetError`` if it is absent)."""
+
+_SCALAR_DTYPES = {"int": np.int64, "float": np.float64}
+
+
+def open_columns(
+    schema: Mapping[str, FieldSpec], where: str, n: int, part: Part, fetch: Fetch | None = None
+) -> dict[str, FieldColumn]:
+    """The columns of a shard of ``n`` samples whose parts ``part`` finds. A variable
+    field's bytes are its ``data`` part sliced by ``offsets`` (``[n + 1]``), or, with
+    ``fetch`` (``wds``: a read of the tar), ``offsets`` and ``sizes`` (``[n]``) locate them."""
+    columns: dict[str, FieldColumn] = {}
+    for name, field_spec in schema.items():
+        valid = part(name, FIELD_VALID)
+        if len(valid) != n:
+            raise DatasetError(f"{where}: field {name!r}: {len(valid)} values for {n} samples")
+        if field_spec.kind in SCALAR_KINDS:
+            values, crc = part(name, FIELD_VALUES), part(name, FIELD_CRC)
+            if values.dtype != _SCALAR_DTYPES[field_spec.kind] or len(crc) != 1:
+                raise DatasetError(f"{where}: field {name!r}: not a typed column")
+            columns[name] = ScalarColumn(name, field_spec, where, values, valid, int(crc[0]))
+            continue
+        offsets = part(name, FIELD_OFFSETS).astype(np.int64, copy=False)
+        if fetch is None:
+            data = part(name, FIELD_DATA)
+            starts, stops = offsets[:-1], offsets[1:]
+            if len(offsets) != n + 1 or (len(offsets) and offsets[-1] > len(data)):
+                raise DatasetError(f"{where}: field {name!r}: offsets past its data")
+            blob: Fetch = _slicer(data)
+        else:
+            starts, blob = offsets, fetch
+            stops = offsets + part(name, FIELD_SIZES).astype(np.int64, copy=False)
+        crcs = part(name, FIELD_CRCS)
+        columns[name] = BlobColumn(name, field_spec, where, blob, starts, stops, crcs, valid)
+    return columns
+
+
+def _slicer(data: np.ndarray) -> Fetch:
+    def fetch(start: int, stop: int) -> memoryview:
+        return memoryview(data[start:stop])
+
+    return fetch

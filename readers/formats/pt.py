@@ -5,7 +5,10 @@ sample is raw pixels of one shape; otherwise ``data`` uint8 (samples back to bac
 ``offsets`` int64 ``[N + 1]`` and, for raw pixels, ``shapes`` int64 ``[N, 3]``. Always
 ``labels`` int64 ``[N]`` and ``paths``/``path_offsets`` (UTF-8 source paths; a name that
 is not valid UTF-8 keeps its bytes, read back through ``surrogateescape``); for encoded
-samples ``crcs`` int64 ``[N]``, each sample's CRC-32, checked on every read. Each shard
+samples ``crcs`` int64 ``[N]``, each sample's CRC-32, checked on every read; from version 2
+``sizes`` int64 ``[N, 2]`` (stored height, width) and each field's parts as tensors
+``fields.<name>.<part>`` (``readers.spec``: ``data`` uint8, ``offsets`` int64 ``[N + 1]``,
+``crcs`` uint32, ``valid`` uint8; or ``values``, ``valid``, ``crc``). Each shard
 is opened once per process with ``torch.load(mmap=True, weights_only=True)``: no pickle
 code runs, and reads are slices of the page cache, not whole-file loads.
 """
@@ -17,6 +20,7 @@ import torch
 
 from readers import spec
 from readers.formats.checks import SampleCrcs, raw_pixels
+from readers.formats.field_columns import open_columns
 from readers.formats.reader import ShardReader
 from readers.spec import DatasetError, Layout, StorageKind
 
@@ -47,12 +51,18 @@ class PtShard(ShardReader):
             self._shapes = tensors[spec.PT_SHAPES].numpy() if variable else None
         crcs = tensors.get(spec.PT_CRCS)
         self.crcs = SampleCrcs(None if crcs is None else crcs.numpy(), path, len(self.labels))
+        sizes = tensors.get(spec.PT_SIZES)
+        self.record_sizes(None if sizes is None else sizes.numpy(), path)
+        self.fields = open_columns(layout.schema, path, len(self.labels), self._field_part)
 
     def _get(self, key: str) -> torch.Tensor:
         try:
             return self._t[key]
         except KeyError:
             raise DatasetError(f"{self._path}: missing tensor {key!r}") from None
+
+    def _field_part(self, name: str, part: str) -> np.ndarray:
+        return self._get(spec.field_key(name, part)).numpy()
 
     def fetch(self, i: int) -> memoryview | np.ndarray:
         # Copies: the caller may change an image in place; the shard's pages must not change.

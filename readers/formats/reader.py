@@ -12,6 +12,7 @@ import torch
 from readers.formats.checks import SampleCrcs, stored_crcs
 from readers.formats.field_columns import FieldColumn
 from readers.images.decode import image_size
+from readers.spec import DatasetError
 
 __all__ = ["ShardReader", "check_fetched", "read_checked"]
 
@@ -47,10 +48,23 @@ class ShardReader(ABC):
         bytes (raw pixels are checked here, against their shape). Only :meth:`read` and
         :func:`read_checked` call it."""
 
+    # int64 [n, 2]: the sizes a version 2 shard records (each format reader sets it with
+    # record_sizes); None: a version 1 shard, whose sizes come from its samples
+    recorded_sizes: np.ndarray | None = None
+
+    def record_sizes(self, sizes: np.ndarray | None, where: str) -> None:
+        """Keep the shard's recorded sizes (None: it has none), checked for shape."""
+        if sizes is not None and sizes.shape != (len(self.labels), 2):
+            n = len(self.labels)
+            raise DatasetError(f"{where}: sizes of shape {sizes.shape}, not ({n}, 2)")
+        self.recorded_sizes = sizes
+
     def sizes(self) -> np.ndarray:
         """int64 ``[n, 2]``: each sample's stored (height, width). Version 2 shards record
-        them (each format reader returns its column); a version 1 shard's come from its
-        samples: raw pixels' shapes, encoded images' headers (every sample read once)."""
+        them; a version 1 shard's come from its samples: raw pixels' shapes, encoded
+        images' headers (every sample read once)."""
+        if self.recorded_sizes is not None:
+            return np.array(self.recorded_sizes, dtype=np.int64)
         out = np.empty((len(self.labels), 2), dtype=np.int64)
         for i in range(len(self.labels)):
             value = self.read(i)
