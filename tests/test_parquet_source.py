@@ -143,20 +143,24 @@ def test_two_class_label_columns_are_refused_until_label_key_picks_one(tmp_path)
     ],
     ids=["List", "Sequence", "list"],
 )
-def test_a_multi_label_column_is_refused_naming_it(tmp_path, feature):
+def test_a_multi_label_column_is_a_field_and_refused_as_the_label(tmp_path, feature):
     src = tmp_path / "tags.parquet"
     write_hub(src, {"image": images(4), "labels": [[0, 2], [1], [], [0]]},
               {"image": IMAGE, "labels": feature})  # fmt: skip
-    result = convert(src, tmp_path / "out")
+    result = convert(src, tmp_path / "out", "--label-key", "labels")
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
     assert "column 'labels' holds several labels an image (multi-label)" in result.output
     assert "--label-key" in result.output and "Traceback" not in result.output
-    both = tmp_path / "both.parquet"  # a single-label column beside it: choose
+    alone = convert(src, tmp_path / "alone")  # no label column: unlabelled, tags a field
+    assert alone.exit_code == 0, alone.output
+    assert readers.load_manifest(tmp_path / "alone").fields["labels"].names == tuple(NAMES)
+    both = tmp_path / "both.parquet"  # a single-label column beside it: that is the label
     write_hub(both, {"image": images(4), "labels": [[0, 2], [1], [], [0]], "label": [0, 1, 2, 0]},
               {"image": IMAGE, "labels": feature, "label": class_label(NAMES)})  # fmt: skip
-    assert "2 label columns (labels, label)" in convert(both, tmp_path / "out").output
-    chosen = convert(both, tmp_path / "out", "--label-key", "label")
+    chosen = convert(both, tmp_path / "out")
     assert chosen.exit_code == 0, chosen.output
+    ds = readers.open_dataset(tmp_path / "out")
+    assert ds.targets == [0, 1, 2, 0] and list(ds.manifest.fields) == ["labels"]
 
 
 def test_a_float_label_column_is_refused_before_anything_is_written(tmp_path):

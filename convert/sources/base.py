@@ -133,6 +133,7 @@ def refuse_folder_options(where: str, options: ConvertOptions) -> None:
             ("--file-list", options.file_list),
             ("--unlabeled", options.unlabeled),
             ("--include-hidden", options.include_hidden),
+            ("--metadata", options.metadata),
         )
         if value
     ]

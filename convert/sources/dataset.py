@@ -1,11 +1,13 @@
 """An imgpack dataset of any format, local or at a URL, as a sample source: its manifest
 gives the classes, its shards the samples (source path and label carried over), and each
-worker reads stored values through :meth:`readers.ImageDataset.read_stored`."""
+worker reads stored values through :meth:`readers.ImageDataset.read_stored`. Fields are
+carried as they are: the manifest's schema (``--fields`` choosing), each value's canonical
+bytes read from its shard (``ShardReader.fields[name].raw``), never decoded."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,13 @@ import readers
 from convert.options import ConvertOptions
 from convert.samples import Sample, SampleTable
 from convert.scan import Scan
-from convert.sources.base import Stored, position, refuse_folder_options
+from convert.sources.base import (
+    Stored,
+    WithFields,
+    position,
+    refuse_folder_options,
+    select_fields,
+)
 from readers import spec
 from readers.storage.location import Location
 
@@ -32,14 +40,50 @@ class DatasetReader:
     """Reads samples of the dataset ``manifest`` describes by their positions in it."""
 
     manifest: readers.Manifest
+    fields: tuple[str, ...] = ()  # the fields carried, schema order
 
     def read(self, samples: Sequence[Sample]) -> list[Stored]:
         ds = self._dataset()
         indices = [position(s) for s in samples]
         try:
-            return [_plain(v) for v in ds.read_stored(indices)]
+            images = [_plain(v) for v in ds.read_stored(indices)]
         except (ValueError, OSError):  # one bad sample: read each alone, to name it
-            return [self._read_one(ds, s, i) for s, i in zip(samples, indices, strict=True)]
+            images = [self._read_one(ds, s, i) for s, i in zip(samples, indices, strict=True)]
+        if not self.fields:
+            return images
+        by_shard: dict[int, list[tuple[int, int]]] = {}  # shard -> (position in chunk, local)
+        for k, index in enumerate(indices):
+            shard, local = ds.locate(index)
+            by_shard.setdefault(shard, []).append((k, local))
+        out = list(images)
+        for shard, rows in by_shard.items():
+            for k, values in self._fields_of(ds, shard, [local for _, local in rows]):
+                at = rows[k][0]
+                if isinstance(values, str):
+                    out[at] = f"{samples[at].relpath}: {values}"
+                elif not isinstance(out[at], str):
+                    out[at] = WithFields(out[at], values)  # type: ignore[arg-type]
+        return out
+
+    def _fields_of(
+        self, ds: readers.ImageDataset, shard: int, locals_: list[int]
+    ) -> list[tuple[int, tuple[bytes | None, ...] | str]]:
+        """Each of ``locals_``' field values in ``shard`` (canonical bytes, schema order),
+        read a column at a time; on damage each is read alone, its error naming it."""
+        try:
+            columns = ds.shard(shard).fields
+            read = [columns[name].raw(locals_) for name in self.fields]
+            return [(k, tuple(column[k] for column in read)) for k in range(len(locals_))]
+        except (ValueError, OSError, KeyError):
+            pass
+        out: list[tuple[int, tuple[bytes | None, ...] | str]] = []
+        for k, local in enumerate(locals_):
+            try:
+                columns = ds.shard(shard).fields
+                out.append((k, tuple(columns[name].raw([local])[0] for name in self.fields)))
+            except (ValueError, OSError, KeyError) as e:
+                out.append((k, f"cannot read the fields of shard {shard}[{local}]: {e}"))
+        return out
 
     @staticmethod
     def _read_one(ds: readers.ImageDataset, sample: Sample, index: int) -> Stored:
@@ -62,12 +106,13 @@ def _plain(value: bytes | memoryview | np.ndarray) -> bytes | np.ndarray:
     return value if isinstance(value, np.ndarray) else bytes(value)
 
 
-@dataclass(frozen=True)
+@dataclass
 class DatasetSource:
     """The imgpack dataset whose manifest is ``manifest``."""
 
     manifest: readers.Manifest
     kind = "imgpack"
+    fields: tuple[str, ...] = field(default=(), init=False)  # the scan's choice of them
 
     @classmethod
     def at(cls, root: str | Path) -> DatasetSource:
@@ -100,14 +145,17 @@ class DatasetSource:
         )
         if not samples:
             raise FileNotFoundError(f"{self.where}: the dataset holds no samples")
+        fields = select_fields(self.where, self.manifest.fields, options)
+        self.fields = tuple(fields)
         return Scan(
             list(options.classes) if options.classes else classes,
             samples,
             fixed_shape=self.manifest.layout.shape,  # raw pixels of one shape
+            fields=fields,
         )
 
     def reader(self) -> DatasetReader:
-        return DatasetReader(self.manifest)
+        return DatasetReader(self.manifest, self.fields)
 
     def stored_bytes(self, samples: Sequence[Sample]) -> int:
         return sum(s.bytes for s in self.manifest.shards)

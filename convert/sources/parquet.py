@@ -9,7 +9,9 @@ feature; a ``ClassLabel`` feature, whose ``names`` are the class names), else fr
 types (the first struct or binary column; a column named ``label``/``labels``), or
 ``--label-key`` names the label column. Several label columns are refused until
 ``--label-key`` picks one, as are a multi-label column (``Sequence(ClassLabel)``) and one of
-floats. A Hub download holds several splits: :mod:`convert.sources.hub_layout` keeps one.
+floats as the label. Every other column is a field (kinds:
+:mod:`convert.sources.parquet_columns`), read column-wise by the workers with the images.
+A Hub download holds several splits: :mod:`convert.sources.hub_layout` keeps one.
 
 The scan reads only the labels and the images' paths; a worker reads the image column one
 row group at a time and keeps the last ones it read (:data:`ROW_GROUPS`), so a shuffled
@@ -36,13 +38,21 @@ import numpy as np
 from convert.options import ConvertOptions
 from convert.samples import Sample, SampleTable
 from convert.scan import Scan
-from convert.sources.base import Stored, position, refuse_folder_options
+from convert.sources.base import (
+    Stored,
+    WithFields,
+    kind_clash,
+    position,
+    refuse_folder_options,
+    select_fields,
+)
 from convert.sources.files import FileSource, Spans, listed_folder, open_file
 from convert.sources.hub_layout import split_files
 from convert.sources.labels import Labels
-from convert.sources.parquet_columns import Columns
+from convert.sources.parquet_columns import Columns, canonical_column
 from convert.sources.tar_members import Staging
 from convert.sources.webdataset import TarReader
+from readers.fields import FieldSpec
 from readers.storage.remote import is_url
 
 __all__ = [
@@ -68,14 +78,18 @@ def _parquet(where: str) -> Any:
 
 @dataclass(frozen=True)
 class GroupImages:
-    """One row group's image column: each row's bytes, and its path where one is kept."""
+    """One row group's image column: each row's bytes, and its path where one is kept; and
+    each field column's canonical bytes, row by row (None: null)."""
 
-    data: Any  # a pyarrow binary array
+    data: Any  # a pyarrow binary array, or None: a group read for its fields only
     paths: Any  # a pyarrow string array, or None
+    fields: tuple[list[bytes | None], ...] = ()
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes + (self.paths.nbytes if self.paths is not None else 0))
+        held = sum(len(v or b"") + 8 for column in self.fields for v in column)
+        images = self.data.nbytes if self.data is not None else 0
+        return int(images + (self.paths.nbytes if self.paths is not None else 0) + held)
 
     @classmethod
     def of(cls, column: Any, is_struct: bool) -> GroupImages:
@@ -84,6 +98,17 @@ class GroupImages:
             return cls(column, None)
         paths = column.field("path") if column.type.get_field_index("path") >= 0 else None
         return cls(column.field("bytes"), paths)
+
+    def with_fields(self, table: Any, fields: Sequence[tuple[str, FieldSpec]], where: str) -> Any:
+        """These images and the ``fields`` columns of ``table`` (one row group), canonical."""
+        values = tuple(
+            canonical_column(table.column(name).combine_chunks(), spec.kind, f"{where}: {name}")
+            for name, spec in fields
+        )
+        return GroupImages(self.data, self.paths, values)
+
+    def field_values(self, row: int) -> tuple[bytes | None, ...]:
+        return tuple(column[row] for column in self.fields)
 
     def row(self, row: int) -> tuple[bytes | None, str | None]:
         path = self.paths[row].as_py() if self.paths is not None else None
@@ -97,10 +122,10 @@ class RowGroups:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.reads = 0
-        self._kept: OrderedDict[tuple[str, str, int], GroupImages] = OrderedDict()
+        self._kept: OrderedDict[tuple[Any, ...], GroupImages] = OrderedDict()
         self._bytes = 0
 
-    def get(self, key: tuple[str, str, int], load: Callable[[], GroupImages]) -> GroupImages:
+    def get(self, key: tuple[Any, ...], load: Callable[[], GroupImages]) -> GroupImages:
         """The row group ``key`` names, read by ``load`` unless kept."""
         images = self._kept.get(key)
         if images is not None:
@@ -138,6 +163,7 @@ class ParquetReader:
     spans: Spans  # rows: (file number, row group, row within the group)
     columns: Columns
     staged: TarReader | None = None  # rows: (file number, offset, length) in its staged file
+    fields: tuple[tuple[str, FieldSpec], ...] = ()  # the columns stored, schema order
 
     def read(self, samples: Sequence[Sample]) -> list[Stored]:
         out: list[Stored] = [""] * len(samples)
@@ -147,13 +173,30 @@ class ParquetReader:
             lengths = self.staged.spans.rows()[:, 2]
             unstaged = [k for k, s in enumerate(samples) if lengths[position(s)] == 0]
         places: dict[int, tuple[int, ...]] = {}
-        if unstaged:  # the row groups' table, mapped only then (a process maps one at a time)
-            rows = self.spans.rows()
-            places = {k: tuple(int(x) for x in rows[position(samples[k])]) for k in unstaged}
-        for at in sorted(places, key=places.__getitem__):  # a group at a time
+        if unstaged or (self.staged is not None and self.fields):
+            rows = self.spans.rows()  # mapped only now (a process maps one table at a time)
+            places = {k: tuple(int(x) for x in rows[position(s)]) for k, s in enumerate(samples)}
+        if self.staged is not None and self.fields:  # staged images, fields from row groups
+            for at in sorted(set(places) - set(unstaged), key=places.__getitem__):
+                out[at] = self._staged_fields(samples[at].relpath, out[at], *places[at])
+        for at in sorted(unstaged, key=places.__getitem__):  # a group at a time
             file, group, row = places[at]
             out[at] = self._one(samples[at].relpath, file, group, row)
         return out
+
+    def _staged_fields(self, name: str, image: Stored, file: int, group: int, row: int) -> Stored:
+        """A staged image with its fields, read from its row group (kept: fields only)."""
+        if not isinstance(image, bytes):
+            return image
+        where = self.files[file]
+        try:
+            held = ROW_GROUPS.get(
+                (self.spans.path, where, group, "fields"),
+                lambda: self._load(where, group, images=False),
+            )
+        except (OSError, ValueError) as e:
+            return f"{name}: cannot read its fields from {where}: {e}"
+        return WithFields(image, held.field_values(row))
 
     def _one(self, name: str, file: int, group: int, row: int) -> Stored:
         where = self.files[file]
@@ -162,19 +205,27 @@ class ParquetReader:
                 (self.spans.path, where, group), lambda: self._load(where, group)
             )
             data, path = images.row(row)
-            if data:
-                return data
-            if not path:
+            if not data and not path:
                 return f"{name}: no image bytes"
-            return _read_path(where, path, name)
+            image = data if data else _read_path(where, path, name)  # type: ignore[arg-type]
         except (OSError, ValueError) as e:
             return f"{name}: cannot read from {where}: {e}"
+        if not self.fields or not isinstance(image, bytes):
+            return image
+        return WithFields(image, images.field_values(row))
 
-    def _load(self, where: str, group: int) -> GroupImages:
+    def _load(self, where: str, group: int, images: bool = True) -> GroupImages:
+        """Row group ``group``'s images (unless not ``images``) and stored fields."""
         pq = _parquet(where)
+        read = [self.columns.image] if images else []
+        read += [name for name, _ in self.fields]
         with open_file(where) as f:
-            table = pq.ParquetFile(f).read_row_group(group, columns=[self.columns.image])
-        return GroupImages.of(table.column(0).combine_chunks(), self.columns.image_is_struct)
+            table = pq.ParquetFile(f).read_row_group(group, columns=read)
+        found = GroupImages(None, None)
+        if images:
+            column = table.column(0).combine_chunks()
+            found = GroupImages.of(column, self.columns.image_is_struct)
+        return found.with_fields(table, self.fields, where) if self.fields else found
 
 
 def _read_path(parquet: str, path: str, name: str) -> Stored:
@@ -231,6 +282,7 @@ class ParquetSource(FileSource):
                         wanted = options.classes or found.class_names
                         labels = Labels(self.where, found.label or "label", wanted)
                     elif found != columns:
+                        _check_fields(path, columns, found)
                         raise ValueError(f"{path}: its columns differ from {self.files[0]}'s")
                     for at, (group, row, name, value, held) in enumerate(
                         _rows(pf, columns, staged)
@@ -249,14 +301,17 @@ class ParquetSource(FileSource):
             read_from = tuple(staging.read_from(f) for f in self.files)
             staged_reader = TarReader(read_from, Spans.write(np.array(staged_spans), self))
         spans_table = Spans.write(np.array(spans), self)
-        self._reader = ParquetReader(self.files, spans_table, columns, staged_reader)
+        fields = select_fields(self.where, dict(columns.fields), options)
+        self._reader = ParquetReader(
+            self.files, spans_table, columns, staged_reader, tuple(fields.items())
+        )
         classes, numbers, left_out = labels.resolve()
         samples = SampleTable.of(
             Sample(path, label, index)
             for index, (path, label) in enumerate(zip(paths, numbers, strict=True))
             if label is not None
         )
-        return Scan(classes, samples, left_out)
+        return Scan(classes, samples, left_out, fields=fields)
 
     def _above(self, budget: int) -> bool:
         """True if the Parquet files hold more than ``budget`` bytes (about the images')."""
@@ -275,6 +330,14 @@ class ParquetSource(FileSource):
     def record(self) -> dict[str, object]:
         split = {"split": self.split} if self.split else {}
         return {**super().record(), **split}
+
+
+def _check_fields(path: str, first: Columns, found: Columns) -> None:
+    """A field column whose kind in ``path`` differs from the first file's: named."""
+    kinds = {name: spec.kind for name, spec in first.fields}
+    for name, spec in found.fields:
+        if name in kinds and kinds[name] != spec.kind:
+            raise kind_clash(path, name, kinds[name], spec.kind)
 
 
 def _rows(

@@ -1,7 +1,14 @@
-"""Which columns of a Hugging Face Parquet file hold the images and the labels
+"""Which columns of a Hugging Face Parquet file hold the images, the labels and the fields
 (:class:`Columns`), read from the ``huggingface`` schema metadata when present (an ``Image``
 feature; a ``ClassLabel`` feature, whose ``names`` are the class names), else from the
 types; the label columns a single-label dataset cannot use refused in one line.
+
+Every other column is a field, its kind from its Arrow type (:func:`field_kind`): strings
+text, integers and booleans int, floats float, binary bytes, lists, structs and maps json
+(a ``Sequence(ClassLabel)`` column a json list of class numbers, its class names kept in
+the :class:`~readers.fields.FieldSpec`), anything else (dates, decimals) text, as pyarrow
+prints it. :func:`canonical_column` makes a row group's column canonical bytes at once,
+through Arrow's casts where they give the canonical text (strings, integers).
 """
 
 from __future__ import annotations
@@ -10,20 +17,25 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Columns"]
+from readers.fields import FieldSpec, encode
+
+__all__ = ["Columns", "canonical_column", "field_kind"]
 
 _LABEL_NAMES = ("label", "labels")
 _SEQUENCES = ("Sequence", "List", "LargeList")  # the features of a list, by datasets version
+_PANDAS_INDEX = "__index_level_"  # a pandas index pyarrow kept as a column: not a field
 
 
 @dataclass(frozen=True)
 class Columns:
-    """Which columns hold the images and the labels, and the class names the schema gives."""
+    """Which columns hold the images and the labels, the class names the schema gives, and
+    each other column's field spec (in the file's column order)."""
 
     image: str
     image_is_struct: bool
     label: str | None
     class_names: tuple[str, ...] | None
+    fields: tuple[tuple[str, FieldSpec], ...] = ()
 
     @classmethod
     def of(cls, where: str, schema: Any, label_key: str | None) -> Columns:
@@ -44,7 +56,7 @@ class Columns:
             )
         if image is None:
             raise ValueError(f"{where}: no image column (Image feature, {{bytes, path}} or bytes)")
-        label = label_key or _label_column(where, features, schema.names)
+        label = label_key or _label_column(where, features, schema)
         if label is not None:
             if label not in schema.names:
                 raise ValueError(
@@ -53,7 +65,61 @@ class Columns:
             _check_label_type(where, label, schema.field(label).type)
         names = features.get(label, {}).get("names") if label else None
         is_struct = pa.types.is_struct(schema.field(image).type)
-        return cls(image, is_struct, label, tuple(names) if names else None)
+        fields = tuple(
+            (f.name, FieldSpec(field_kind(f.type), names=_class_names(features.get(f.name))))
+            for f in schema
+            if f.name not in (image, label) and not f.name.startswith(_PANDAS_INDEX)
+        )
+        return cls(image, is_struct, label, tuple(names) if names else None, fields)
+
+
+def field_kind(kind: Any) -> str:
+    """The field kind of a column of Arrow type ``kind`` (see the module docstring)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "text"
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        return "int"
+    if pa.types.is_floating(kind):
+        return "float"
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return "bytes"
+    if pa.types.is_fixed_size_binary(kind):
+        return "bytes"
+    if pa.types.is_nested(kind) or pa.types.is_null(kind):
+        return "json"
+    return "text"
+
+
+def canonical_column(column: Any, kind: str, where: str) -> list[bytes | None]:
+    """Each row's canonical bytes of a field column (a pyarrow array of one row group;
+    None where null): strings and integers through Arrow's casts, the rest per value."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if kind == "text" and not (
+        pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+    ):
+        column = column.cast(pa.large_string())
+    if kind == "int" and pa.types.is_boolean(column.type):
+        column = column.cast(pa.int8())
+    if kind in ("text", "int"):
+        return column.cast(pa.large_string()).cast(pa.large_binary()).to_pylist()
+    return [encode(kind, value, where) for value in column.to_pylist()]
+
+
+def _class_names(feature: Any) -> tuple[str, ...] | None:
+    """The class names of a ``Sequence(ClassLabel)`` feature (how each datasets version
+    writes one), or None."""
+    if _type(feature) != "[ClassLabel]":
+        return None
+    inner = feature[0] if isinstance(feature, list) else feature.get("feature")
+    names = inner.get("names") if isinstance(inner, dict) else None
+    return tuple(names) if names else None
 
 
 def _features(schema: Any) -> dict[str, Any]:
@@ -78,16 +144,28 @@ def _type(feature: Any) -> str | None:
     return feature.get("_type")
 
 
-def _label_column(where: str, features: dict[str, Any], names: list[str]) -> str | None:
-    """The label column the schema shows: its one ``ClassLabel`` (or list of them), else a
-    column named ``label``/``labels``, else None; several are refused, never one taken."""
-    found = [n for n, f in features.items() if _type(f) in ("ClassLabel", "[ClassLabel]")]
+def _label_column(where: str, features: dict[str, Any], schema: Any) -> str | None:
+    """The label column the schema shows: its one ``ClassLabel``, else a column named
+    ``label``/``labels`` that is no list, else None; several are refused, never one taken.
+    A list of class labels (multi-label) is never taken: it is a field."""
+    import pyarrow as pa
+
+    found = [n for n, f in features.items() if _type(f) == "ClassLabel"]
     if len(found) > 1:
         raise ValueError(
             f"{where}: {len(found)} label columns ({', '.join(found)}): choose one with "
             "--label-key NAME"
         )
-    return found[0] if found else next((n for n in _LABEL_NAMES if n in names), None)
+    if found:
+        return found[0]
+    return next(
+        (
+            n
+            for n in _LABEL_NAMES
+            if n in schema.names and not pa.types.is_nested(schema.field(n).type)
+        ),
+        None,
+    )
 
 
 def _check_label_type(where: str, column: str, kind: Any) -> None:
@@ -100,7 +178,8 @@ def _check_label_type(where: str, column: str, kind: Any) -> None:
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         raise ValueError(
             f"{where}: column {column!r} holds several labels an image (multi-label), which "
-            "imgpack does not store yet: choose a single-label column with --label-key NAME"
+            "cannot be the label (it is kept as a json field when another column is, or "
+            "none): choose a single-label column with --label-key NAME"
         )
     if not (
         pa.types.is_integer(kind)
