@@ -49,7 +49,7 @@ def test_lmdb_keys_sort_in_index_order_then_metadata(converted) -> None:
         env.close()
     samples = [spec.SAMPLE_KEY.format(i).encode() for i in range(32)]
     assert keys[:32] == samples
-    assert set(keys[32:]) == {spec.LMDB_LABELS, spec.LMDB_PATHS, spec.LMDB_CRCS}
+    assert set(keys[32:]) == {spec.LMDB_LABELS, spec.LMDB_PATHS, spec.LMDB_CRCS, spec.LMDB_SIZES}
 
 
 def test_lmdb_map_grows_past_its_initial_size(tmp_path, monkeypatch) -> None:

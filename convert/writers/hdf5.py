@@ -12,6 +12,8 @@ import h5py
 import numpy as np
 
 from convert.writers.base import Layout, Record
+from convert.writers.fields import ShardColumns
+from convert.writers.spool import Spool
 from readers import spec
 from readers.formats.checks import stored_crcs
 from readers.spec import StorageKind
@@ -55,6 +57,8 @@ class Hdf5Writer:
             self.crcs = create(spec.H5_CRCS, (), np.uint32, chunks=(_BLOCK,))
         self.labels = create(spec.H5_LABELS, (), np.int64, chunks=(_BLOCK,))
         self.paths = create(spec.H5_PATHS, (), h5py.string_dtype("utf-8"), chunks=(_BLOCK,))
+        self.sizes = create(spec.H5_SIZES, (2,), np.int64, chunks=(_BLOCK, 2))
+        self.columns = ShardColumns(layout.schema, path, spooled=True)
         self.pending: list[Record] = []
         self.n = 0
 
@@ -68,7 +72,7 @@ class Hdf5Writer:
         if not recs:
             return
         i, j = self.n, self.n + len(recs)
-        for d in (self.images, self.shapes, self.crcs, self.labels, self.paths):
+        for d in (self.images, self.shapes, self.crcs, self.labels, self.paths, self.sizes):
             if d is not None:
                 d.resize(j, axis=0)
         if self.fixed:
@@ -91,10 +95,28 @@ class Hdf5Writer:
         self.labels[i:j] = np.array([r.label for r in recs], dtype=np.int64)
         # Bytes, so that a name that is not valid UTF-8 (surrogate escapes) keeps its bytes.
         self.paths[i:j] = [r.path.encode("utf-8", "surrogateescape") for r in recs]
+        self.sizes[i:j] = np.array([r.size for r in recs], dtype=np.int64)
+        for r in recs:
+            self.columns.add(r)
         self.n = j
 
+    def _write_fields(self) -> None:
+        """Each field's parts as datasets ``fields/<name>/<part>``."""
+        for name, part, value in self.columns.parts():
+            key = f"{spec.H5_FIELDS}/{name}/{part}"
+            if isinstance(value, Spool):  # a variable field's bytes, a piece at a time
+                data = self.file.create_dataset(key, (value.nbytes,), np.uint8, track_times=False)
+                for offset, piece in value.pieces():
+                    data[offset : offset + len(piece)] = np.frombuffer(piece, np.uint8)
+            else:
+                self.file.create_dataset(key, data=value, track_times=False)
+
     def close(self) -> list[str]:
-        self._flush()
+        try:
+            self._flush()
+            self._write_fields()
+        finally:
+            self.columns.close()
         attrs = self.file.attrs
         # For h5py users only (readers take classes from the manifest, which keeps a name
         # that is not valid UTF-8 exactly): such bytes show as U+FFFD here.

@@ -14,9 +14,11 @@ import lmdb
 import numpy as np
 
 from convert.writers.base import Layout, Record
+from convert.writers.fields import ShardColumns
 from convert.writers.spool import JsonList, Spool
 from readers import spec
 from readers.formats.checks import stored_crc
+from readers.formats.field_columns import part_dtype
 from readers.spec import StorageKind
 
 __all__ = ["LmdbWriter"]
@@ -51,6 +53,7 @@ class LmdbWriter:
         self.paths = JsonList(path, separator=", ")
         self.shapes = Spool(path)  # int64 [N, 3], raw pixels of varying shape
         self.crcs = Spool(path)  # uint32 [N], encoded samples
+        self.columns = ShardColumns(layout.schema, path, spooled=True)
 
     def add(self, record: Record) -> None:
         data = record.data
@@ -63,6 +66,7 @@ class LmdbWriter:
         self.n += 1
         self.labels.write(np.array(record.label, dtype="<i8").tobytes())
         self.paths.append(record.path)
+        self.columns.add(record)
         self.pending.append((key, data))
         self.pending_bytes += len(data)
         if self.pending_bytes >= _TXN_BYTES:
@@ -96,6 +100,13 @@ class LmdbWriter:
                 meta.append((spec.LMDB_SHAPES, self.shapes.read()))
             if self.layout.kind is StorageKind.ENCODED:
                 meta.append((spec.LMDB_CRCS, self.crcs.read()))
+            meta.append((spec.LMDB_SIZES, self.columns.sizes.astype("<i8").tobytes()))
+            for name, part, value in self.columns.parts():
+                kind = self.layout.schema[name].kind
+                stored = value.read() if isinstance(value, Spool) else value
+                if not isinstance(stored, bytes):
+                    stored = stored.astype(part_dtype(kind, part)).tobytes()
+                meta.append((spec.lmdb_field_key(name, part), stored))
             for key, value in meta:
                 self.pending.append((key, value))
                 self.pending_bytes += len(value)
@@ -105,4 +116,5 @@ class LmdbWriter:
             self.env.close()
             for spool in (self.labels, self.paths, self.shapes, self.crcs):
                 spool.close()
+            self.columns.close()
         return []

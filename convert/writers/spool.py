@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -54,6 +55,13 @@ class Spool:
             position += got
             remaining -= got
         return crc
+
+    def pieces(self) -> Iterator[tuple[int, bytes]]:
+        """``(offset, bytes)`` of the column in fixed-size pieces, for a format that writes
+        it through a library (h5py) rather than a file descriptor."""
+        self._file.flush()
+        for offset in range(0, self.nbytes, _PIECE):
+            yield offset, os.pread(self._file.fileno(), min(_PIECE, self.nbytes - offset), offset)
 
     def read(self) -> bytes:
         """The whole column, for a format that stores it as one value."""

@@ -32,7 +32,7 @@ from readers.spec import (
     DatasetError,
 )
 
-__all__ = ["BlobColumn", "FieldColumn", "ScalarColumn", "column_crc", "open_columns"]
+__all__ = ["BlobColumn", "FieldColumn", "ScalarColumn", "column_crc", "open_columns", "part_dtype"]
 
 Fetch = Callable[[int, int], bytes | memoryview]
 """The bytes ``[start, stop)`` of a blob column's storage."""
@@ -152,6 +152,21 @@ Part = Callable[[str, str], np.ndarray]
 """The stored array of part ``part`` of field ``name`` (``DatasetError`` if it is absent)."""
 
 _SCALAR_DTYPES = {"int": np.int64, "float": np.float64}
+_PART_DTYPES = {
+    FIELD_DATA: "u1",
+    FIELD_OFFSETS: "<i8",
+    FIELD_SIZES: "<i8",
+    FIELD_CRCS: "<u4",
+    FIELD_VALID: "u1",
+    FIELD_CRC: "<u4",
+}
+
+
+def part_dtype(kind: str, part: str) -> np.dtype:
+    """The little-endian dtype a part is stored as where a format keeps raw bytes (lmdb)."""
+    if part == FIELD_VALUES:
+        return np.dtype("<i8" if kind == "int" else "<f8")
+    return np.dtype(_PART_DTYPES[part])
 
 
 def open_columns(

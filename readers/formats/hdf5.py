@@ -5,7 +5,9 @@ On-disk layout (names in ``readers.spec``): dataset ``images``, either uint8
 uint8 ``[N]`` (encoded bytes, or flattened raw pixels with ``shapes`` int64 ``[N, 3]``);
 ``labels`` int64 ``[N]``; for encoded samples ``crcs`` uint32 ``[N]``, each sample's
 CRC-32, checked on every read; ``paths`` variable-length UTF-8 strings (a name that is not
-valid UTF-8 keeps its bytes, read back through ``surrogateescape``); file attributes
+valid UTF-8 keeps its bytes, read back through ``surrogateescape``); from version 2
+``sizes`` int64 ``[N, 2]`` (stored height, width) and the group ``fields`` holding
+``<name>/<part>`` datasets for each field (the parts of ``readers.spec``); file attributes
 ``classes``, ``encoding`` and ``imgpack_format_version``. Optional gzip/lzf compression is
 transparent to h5py. The file is opened read-only once per process.
 """
@@ -18,6 +20,7 @@ import torch
 
 from readers import spec
 from readers.formats.checks import SampleCrcs, raw_pixels
+from readers.formats.field_columns import open_columns
 from readers.formats.reader import ShardReader
 from readers.spec import DatasetError, Layout, StorageKind
 
@@ -36,10 +39,13 @@ class Hdf5Shard(ShardReader):
             variable = layout.kind is StorageKind.VARIABLE_PIXELS
             self._shapes = self._file[spec.H5_SHAPES][()] if variable else None
             crcs = self._file[spec.H5_CRCS][()] if spec.H5_CRCS in self._file else None
+            sizes = self._file[spec.H5_SIZES][()] if spec.H5_SIZES in self._file else None
         except (OSError, KeyError, TypeError) as e:  # TypeError: paths are not strings
             raise DatasetError(f"{path}: not a valid imgpack HDF5 file: {e}") from e
         self._path = path
         self.crcs = SampleCrcs(crcs, path, len(self.labels))
+        self.record_sizes(sizes, path)
+        self.fields = open_columns(layout.schema, path, len(self.labels), self._field_part)
         self._vlen = self._images.ndim == 1
         self._file_bytes: np.memmap | None = None
         images = self._images
@@ -52,6 +58,16 @@ class Hdf5Shard(ShardReader):
             self._file_bytes = np.memmap(path, dtype=np.uint8, mode="r")
             self._chunk_offsets = np.full(len(images), -1, dtype=np.int64)
             self._sample_bytes = int(np.prod(images.shape[1:]))
+
+    def _field_part(self, name: str, part: str) -> np.ndarray | h5py.Dataset:
+        """A field's part: read whole, but a variable field's bytes stay in the file (read a
+        value at a time, as images are)."""
+        key = f"{spec.H5_FIELDS}/{name}/{part}"
+        try:
+            stored = self._file[key]
+            return stored if part == spec.FIELD_DATA else stored[()]
+        except (KeyError, OSError) as e:
+            raise DatasetError(f"{self._path}: missing or unreadable {key}: {e}") from e
 
     def fetch(self, i: int) -> np.ndarray | bytes:
         try:

@@ -5,10 +5,12 @@ key ``SAMPLE_KEY`` (10 ASCII digits, so key order is index order) per sample who
 is the stored bytes (encoded image, or raw HWC pixels); metadata keys ``__labels__``
 (int64 little-endian), ``__shapes__`` (int64 ``[N, 3]``, raw pixels of varying shape) and
 ``__crcs__`` (uint32 little-endian, each encoded sample's CRC-32, checked on every
-read), ``__paths__`` (JSON list; ASCII with ``\\u`` escapes, so that a name that is not valid UTF-8
-keeps its bytes as surrogate escapes). Opened read-only without locking once per process;
-the labels (and shapes) are NumPy arrays, the paths are read on first use into a
-:class:`readers.formats.paths.PathTable`.
+read), from version 2 ``__sizes__`` (int64 ``[N, 2]``, stored height and width) and one key
+``__fields.<name>.<part>__`` per part of each field (little-endian arrays, the parts of
+``readers.spec``), ``__paths__`` (JSON list; ASCII with ``\\u`` escapes, so that a name
+that is not valid UTF-8 keeps its bytes as surrogate escapes). Opened read-only without
+locking once per process; the labels (and shapes) are NumPy arrays, the paths are read on
+first use into a :class:`readers.formats.paths.PathTable`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from readers import spec
 from readers.formats.checks import SampleCrcs, raw_pixels
+from readers.formats.field_columns import open_columns, part_dtype
 from readers.formats.paths import PathTable
 from readers.formats.reader import ShardReader
 from readers.spec import DatasetError, Layout, StorageKind
@@ -75,7 +78,21 @@ class LmdbShard(ShardReader):
         crcs = self._find(spec.LMDB_CRCS)  # absent for raw pixels and older shards
         crcs_array = None if crcs is None else np.frombuffer(crcs, dtype="<u4")
         self.crcs = SampleCrcs(crcs_array, path, len(self.labels))
+        sizes = self._find(spec.LMDB_SIZES)  # absent before version 2
+        sizes_array = None if sizes is None else np.frombuffer(sizes, dtype="<i8").reshape(-1, 2)
+        self.record_sizes(sizes_array, path)
+        self._schema = layout.schema
+        self.fields = open_columns(layout.schema, path, len(self.labels), self._field_part)
         self._paths: PathTable | None = None
+
+    def _field_part(self, name: str, part: str) -> np.ndarray:
+        """A field's part: one metadata value, read once (a variable field's bytes are
+        sliced from it)."""
+        value = self._get(spec.lmdb_field_key(name, part))
+        dtype = part_dtype(self._schema[name].kind, part)
+        if len(value) % dtype.itemsize:
+            raise DatasetError(f"{self._path}: field {name!r}: {part} is not {dtype} values")
+        return np.frombuffer(value, dtype=dtype)
 
     def _find(self, key: bytes, txn: lmdb.Transaction | None = None) -> bytes | None:
         """The value of ``key`` (in ``txn``, else a transaction of its own), or None."""
