@@ -10,6 +10,7 @@ sidecars and a ``--metadata`` CSV.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,14 @@ def test_webdataset_members_become_fields_with_their_kinds(tmp_path):
     assert prepared[0].fields[0] == canonical_json  # compact, in the member's key order
 
 
-@pytest.mark.xfail(reason="until the writers store Record.fields (engineer A's slice)")
-@pytest.mark.parametrize("fmt", ["pt", "hdf5", "lmdb", "wds"])
+LANDED = ("pt", "lmdb")  # the formats whose writers store Record.fields (the lead's slice)
+FORMATS = [
+    pytest.param(fmt, marks=() if fmt in LANDED else pytest.mark.xfail(reason="writer pending"))
+    for fmt in ("pt", "hdf5", "lmdb", "wds")
+]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("encoding", ["raw", "jpeg"])
 def test_webdataset_fields_reach_every_format(tmp_path, fmt, encoding):
     src = img2dataset_shards(tmp_path / "src")
@@ -191,3 +198,241 @@ def test_resume_refuses_a_changed_field_choice(tmp_path):
         src, dst, ConvertOptions("pt", encoding="original", fields=("txt",)), workers=1,
         resume=True, progress=False,
     ).resumed == len(PHOTOS)  # fmt: skip
+
+
+# --- Parquet -------------------------------------------------------------------------------
+TAG_NAMES = ["animal", "outdoor", "night"]
+TAGS = [[0, 2], [1], [], [0], [2, 1], [0, 1, 2]]
+
+
+def hub_parquet(folder: Path, label: bool = True) -> Path:
+    """A Parquet file as ``datasets`` writes it (its own ``to_parquet``): an image, a
+    ``caption`` string, a ``score`` float, ``tags`` (``Sequence(ClassLabel)``) and, with
+    ``label``, a ``ClassLabel`` label."""
+    import datasets
+
+    columns = {
+        "image": [{"bytes": p.read_bytes(), "path": p.name} for p in PHOTOS],
+        "caption": CAPTIONS,
+        "score": [0.5 + n for n in range(len(PHOTOS))],
+        "tags": TAGS,
+    }
+    features = {
+        "image": datasets.Image(),
+        "caption": datasets.Value("string"),
+        "score": datasets.Value("float64"),
+        "tags": datasets.Sequence(datasets.ClassLabel(names=TAG_NAMES)),
+    }
+    if label:
+        columns["label"] = [n % 2 for n in range(len(PHOTOS))]
+        features["label"] = datasets.ClassLabel(names=["cat", "dog"])
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "train-00000-of-00001.parquet"
+    datasets.Dataset.from_dict(columns, features=datasets.Features(features)).to_parquet(str(path))
+    return path
+
+
+def test_parquet_columns_become_fields_with_their_kinds(tmp_path):
+    schema, prepared = records(hub_parquet(tmp_path / "hub"))
+    assert {name: spec.kind for name, spec in schema.items()} == {
+        "caption": "text",
+        "score": "float",
+        "tags": "json",
+    }
+    assert schema["tags"].names == tuple(TAG_NAMES)  # the class names kept in the schema
+    values = [values_of(schema, p) for p in prepared]
+    assert [v["caption"] for v in values] == CAPTIONS
+    assert [v["score"] for v in values] == [0.5 + n for n in range(len(PHOTOS))]
+    assert [v["tags"] for v in values] == TAGS
+
+
+def test_parquet_fields_are_read_with_staged_images(tmp_path, monkeypatch):
+    from convert.sources import parquet
+
+    monkeypatch.setattr(parquet, "STAGE_ABOVE", 0)  # a shuffled conversion stages the images
+    schema, prepared = records(hub_parquet(tmp_path / "hub"), shuffle=True, seed=1)
+    assert sorted(values_of(schema, p)["caption"] for p in prepared) == sorted(CAPTIONS)
+
+
+def test_parquet_fields_reach_the_shards(tmp_path):
+    dst = tmp_path / "dst"
+    convert(hub_parquet(tmp_path / "hub"), dst, encoding="jpeg", resize=32)
+    schema, samples = stored(dst)
+    assert schema["tags"].names == tuple(TAG_NAMES)
+    assert [s["caption"] for s in samples] == CAPTIONS
+    assert [s["tags"] for s in samples] == TAGS
+    assert [s["score"] for s in samples] == [0.5 + n for n in range(len(PHOTOS))]
+
+
+def test_parquet_fields_choose_and_a_multi_label_label_is_refused(tmp_path):
+    src = hub_parquet(tmp_path / "hub", label=False)
+    schema, prepared = records(src, fields=("score",))
+    assert list(schema) == ["score"] and values_of(schema, prepared[2]) == {"score": 2.5}
+    with pytest.raises(ValueError, match="column 'tags' holds several labels an image"):
+        records(src, label_key="tags")
+
+
+def test_parquet_files_whose_field_kinds_differ_name_both_kinds(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "src"
+    src.mkdir()
+    image = [{"bytes": PHOTOS[0].read_bytes(), "path": "a.jpg"}]
+    pq.write_table(pa.table({"image": image, "views": [3]}), src / "a.parquet")
+    pq.write_table(pa.table({"image": image, "views": ["three"]}), src / "b.parquet")
+    with pytest.raises(ValueError, match="field 'views' is int in some samples and text"):
+        records(src)
+
+
+# --- image folders: sidecars and --metadata ------------------------------------------------
+def sidecar_folder(root: Path) -> Path:
+    """Two class folders of images, each with a txt caption sidecar, a json sidecar but for
+    one image, and a ``notes.txt`` that is no image's sidecar."""
+    src = root / "src"
+    for n, photo in enumerate(PHOTOS):
+        folder = src / ("cat" if n < 3 else "dog")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{n:03d}.jpg").write_bytes(photo.read_bytes())
+        (folder / f"{n:03d}.txt").write_text(CAPTIONS[n], encoding="utf-8")
+        if n != 4:
+            (folder / f"{n:03d}.json").write_text(json.dumps({"n": n, "ok": True}))
+        (folder / "notes.txt").write_text("not a sidecar")
+    return src
+
+
+def test_sidecars_become_fields_and_stay_out_of_the_samples(tmp_path):
+    src = sidecar_folder(tmp_path)
+    source = open_source(str(src))
+    scan = source.scan(ConvertOptions("pt", encoding="original"))
+    assert scan.classes == ["cat", "dog"] and len(scan.samples) == len(PHOTOS)
+    assert all(s.relpath.endswith(".jpg") for s in scan.samples)
+    schema, prepared = records(src)
+    assert {name: spec.kind for name, spec in schema.items()} == {"json": "json", "txt": "text"}
+    values = [values_of(schema, p) for p in prepared]
+    assert [v["txt"] for v in values] == CAPTIONS
+    assert [v["json"] for v in values] == [
+        None if n == 4 else {"n": n, "ok": True} for n in range(len(PHOTOS))
+    ]
+    assert records(src, fields=())[0] == {}
+
+
+def test_a_sidecar_json_that_does_not_parse_is_that_samples_error(tmp_path):
+    src = sidecar_folder(tmp_path)
+    (src / "cat" / "001.json").write_text('{"cut')
+    dst = tmp_path / "dst"
+    result = convert(src, dst)
+    assert (result.written, result.skipped) == (len(PHOTOS) - 1, 1)
+    (error,) = [json.loads(line) for line in (dst / "errors.jsonl").read_text().splitlines()]
+    assert error["path"] == str(Path("cat", "001.jpg"))
+    assert f"its sidecar {Path('cat', '001.json')}: not a stored json value" in error["error"]
+    with pytest.raises(ValueError, match=r"001\.json: not a stored json value"):
+        convert(src, tmp_path / "dst2", on_error="fail")
+
+
+def metadata_csv(path: Path, extra: str = "") -> Path:
+    path.write_text(
+        "path,score,views,note\n"
+        "cat/000.jpg,0.5,3,first\n"
+        "cat/001.jpg,1,4,\n"
+        "dog/005.jpg,2.25,,last «ok»\n" + extra,
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_a_metadata_csv_joins_its_columns_by_path(tmp_path):
+    src = sidecar_folder(tmp_path)
+    meta = metadata_csv(tmp_path / "meta.csv")
+    schema, prepared = records(src, metadata=str(meta), fields=("note", "score", "views", "txt"))
+    assert {name: spec.kind for name, spec in schema.items()} == {
+        "note": "text",  # text: not every cell is a number
+        "score": "float",  # float: every cell a number, not every one an integer
+        "txt": "text",
+        "views": "int",  # int: every non-empty cell an integer
+    }
+    values = [values_of(schema, p) for p in prepared]
+    assert values[0] == {"note": "first", "score": 0.5, "txt": CAPTIONS[0], "views": 3}
+    assert values[1] == {"note": None, "score": 1.0, "txt": CAPTIONS[1], "views": 4}
+    assert values[5] == {"note": "last «ok»", "score": 2.25, "txt": CAPTIONS[5], "views": None}
+    assert values[2] == {"note": None, "score": None, "txt": CAPTIONS[2], "views": None}  # no row
+
+
+def test_metadata_fields_reach_the_shards(tmp_path):
+    src = sidecar_folder(tmp_path)
+    dst = tmp_path / "dst"
+    convert(src, dst, metadata=str(metadata_csv(tmp_path / "meta.csv")))
+    schema, samples = stored(dst)
+    assert list(schema) == ["json", "note", "score", "txt", "views"]
+    assert [s["txt"] for s in samples] == CAPTIONS
+    assert [s["score"] for s in samples] == [0.5, 1.0, None, None, None, 2.25]
+    assert [s["views"] for s in samples] == [3, 4, None, None, None, None]
+
+
+def test_a_metadata_row_for_no_image_names_the_file_and_row(tmp_path):
+    src = sidecar_folder(tmp_path)
+    meta = metadata_csv(tmp_path / "meta.csv", "cat/missing.jpg,1,1,x\n")
+    dst = tmp_path / "dst"
+    result = convert(src, dst, metadata=str(meta))
+    assert result.written == len(PHOTOS)
+    (error,) = [json.loads(line) for line in (dst / "errors.jsonl").read_text().splitlines()]
+    assert error["error"].startswith(f"{meta}: line 5: 'cat{os.sep}missing.jpg' names no image")
+    with pytest.raises(ValueError, match=r"line 5: .* names no image below SRC"):
+        convert(src, tmp_path / "dst2", metadata=str(meta), on_error="fail")
+
+
+def test_metadata_json_lines_and_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = sidecar_folder(tmp_path)
+    lines = tmp_path / "meta.jsonl"
+    rows = [
+        {"path": "cat/000.jpg", "score": 1, "tags": ["a", "b"]},
+        {"path": "dog/003.jpg", "score": 1.5, "extra": {"k": [1]}},
+    ]
+    lines.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    schema, prepared = records(src, metadata=str(lines), fields=("extra", "score", "tags"))
+    assert {n: s.kind for n, s in schema.items()} == {"extra": "json", "score": "float",
+                                                      "tags": "json"}  # fmt: skip
+    assert values_of(schema, prepared[0]) == {"extra": None, "score": 1.0, "tags": ["a", "b"]}
+    assert values_of(schema, prepared[3]) == {"extra": {"k": [1]}, "score": 1.5, "tags": None}
+    table = tmp_path / "meta.parquet"
+    pq.write_table(pa.table({"path": ["dog/004.jpg"], "views": [7], "why": ["ok"]}), table)
+    schema, prepared = records(src, metadata=str(table), fields=("views", "why"))
+    assert values_of(schema, prepared[4]) == {"views": 7, "why": "ok"}
+    assert values_of(schema, prepared[0]) == {"views": None, "why": None}
+
+
+def test_metadata_values_of_two_kinds_and_a_missing_path_column_are_refused(tmp_path):
+    src = sidecar_folder(tmp_path)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"path": "cat/000.jpg", "views": 3}\n{"path": "cat/001.jpg", "views": "x"}\n')
+    with pytest.raises(ValueError, match="field 'views' is int in some samples and text"):
+        records(src, metadata=str(mixed))
+    no_path = tmp_path / "no_path.csv"
+    no_path.write_text("file,score\ncat/000.jpg,1\n")
+    with pytest.raises(ValueError, match="no 'path' column \\(columns: file, score\\)"):
+        records(src, metadata=str(no_path))
+    twice = metadata_csv(tmp_path / "twice.csv", "cat/000.jpg,9,9,again\n")
+    with pytest.raises(ValueError, match=r"line 5: path .* is named again \(first at line 2\)"):
+        records(src, metadata=str(twice))
+
+
+def test_metadata_is_refused_for_a_dataset_source(tmp_path):
+    meta = metadata_csv(tmp_path / "meta.csv")
+    with pytest.raises(ValueError, match="--metadata applies to image folders only"):
+        records(hub_parquet(tmp_path / "hub"), metadata=str(meta))
+
+
+# --- imgpack datasets ----------------------------------------------------------------------
+def test_an_imgpack_dataset_reconverted_keeps_its_fields(tmp_path):
+    first = tmp_path / "first"
+    convert(img2dataset_shards(tmp_path / "src"), first)
+    schema, prepared = records(first)
+    assert {name: spec.kind for name, spec in schema.items()} == {"json": "json", "txt": "text"}
+    assert [values_of(schema, p)["txt"] for p in prepared] == CAPTIONS
+    again = tmp_path / "again"
+    convert(first, again, fields=("txt",))
+    schema, samples = stored(again)
+    assert list(schema) == ["txt"] and [s["txt"] for s in samples] == CAPTIONS
