@@ -5,11 +5,13 @@ by source path (or by position, ``by_index``); the labels, by class name (so a d
 whose classes were renumbered still matches) and the class lists themselves; then the
 pixels of every matched pair, decoded as the readers serve them, as the mean absolute
 difference per sample in levels of 0-255. Two ``raw`` datasets compare their stored pixels
-(no decode); a pair whose shapes differ is a difference of its own. Equal content
-checksums answer without decoding a sample (:attr:`DiffReport.checksum_match`), but only
-once every shard of both sides has the size and SHA-256 its manifest records (what
-``imgpack verify`` checks first): a copy damaged after its manifest was written is an error
-naming its shards, never "equivalent".
+(no decode); a pair whose shapes differ is a difference of its own. The fields' schemas
+are compared, and each field both hold is compared pair by pair (:mod:`convert.field_diff`:
+text and numbers exactly, json structurally, bytes and arrays by bytes). Equal content
+checksums (which cover the fields) and schemas answer without decoding a sample
+(:attr:`DiffReport.checksum_match`), but only once every shard of both sides has the size
+and SHA-256 its manifest records (what ``imgpack verify`` checks first): a copy damaged
+after its manifest was written is an error naming its shards, never "equivalent".
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 import readers
+from convert.field_diff import compared_fields, field_mismatches, schema_differences
 from convert.options import default_workers
 from convert.verify import check_stored_files
 from readers import spec
@@ -67,6 +70,9 @@ class DiffReport:
     only_in_a: list[str] = field(default_factory=list)
     only_in_b: list[str] = field(default_factory=list)
     label_mismatches: list[dict[str, Any]] = field(default_factory=list)
+    schema_differences: list[str] = field(default_factory=list)  # the fields' (field_diff)
+    fields_compared: list[str] = field(default_factory=list)
+    field_mismatches: list[dict[str, Any]] = field(default_factory=list)  # one per value
     shape_mismatches: list[dict[str, Any]] = field(default_factory=list)
     compared: int = 0  # pairs whose pixels were compared
     identical: int = 0  # ... of them, with exactly the same pixels
@@ -85,6 +91,8 @@ class DiffReport:
             self.only_in_a
             or self.only_in_b
             or self.label_mismatches
+            or self.schema_differences
+            or self.field_mismatches
             or self.shape_mismatches
             or self.over_tolerance
             or not self.same_classes
@@ -122,7 +130,7 @@ class DiffReport:
         verdict = "EQUIVALENT" if self.equivalent else "DIFFERENT"
         lines = [f"{verdict}: {self.a} ({self.samples_a} samples) vs {self.b} ({self.samples_b})"]
         if self.checksum_match:
-            lines.append("content checksums are equal: the same samples, labels and pixels")
+            lines.append("content checksums are equal: the same samples, labels, pixels and fields")
             return "\n".join(lines)
         if not self.same_classes:
             lines.append(f"classes differ: {self.classes_differ(shown)}")
@@ -138,6 +146,20 @@ class DiffReport:
                 f"label mismatches: {len(self.label_mismatches)}: {', '.join(shown_labels)}"
                 + (f", and {more} more" if more > 0 else "")
             )
+        if self.schema_differences:
+            lines.append(f"fields differ: {'; '.join(self.schema_differences)}")
+        if self.field_mismatches:
+            samples = len({m["index_a"] for m in self.field_mismatches})
+            lines.append(
+                f"field mismatches: {len(self.field_mismatches)} value(s) in {samples} "
+                f"sample(s) (of {', '.join(self.fields_compared)}):"
+            )
+            lines += [
+                f"  [{m['index_a']}] {m['path']}  {m['field']}: {m['a']} vs {m['b']}"
+                for m in self.field_mismatches[:shown]
+            ]
+            if len(self.field_mismatches) > shown:
+                lines.append(f"  and {len(self.field_mismatches) - shown} more")
         if self.shape_mismatches:
             first = self.shape_mismatches[0]
             lines.append(
@@ -190,8 +212,11 @@ def diff_datasets(
         len(db),
         classes_a=list(ma.classes),
         classes_b=list(mb.classes),
+        schema_differences=schema_differences(ma.fields, mb.fields),
+        fields_compared=compared_fields(ma.fields, mb.fields),
     )
-    if ma.content_sha256 and ma.content_sha256 == mb.content_sha256 and report.same_classes:
+    same = report.same_classes and not report.schema_differences
+    if ma.content_sha256 and ma.content_sha256 == mb.content_sha256 and same:
         for ds in (da, db):  # the checksums speak for the shards only if these are intact
             _check_stored(ds, workers)
         report.checksum_match = True
@@ -210,6 +235,7 @@ def diff_datasets(
         for chunk in _chunks(pairs, BATCH):
             stored_a = da.read_stored([i for i, _ in chunk])  # in this thread: shard by shard
             stored_b = db.read_stored([j for _, j in chunk])
+            report.field_mismatches += field_mismatches(da, db, chunk, report.fields_compared)
             compared = pool.map(_compare, repeat(da), repeat(db), chunk, stored_a, stored_b)
             for pair, (shape_a, shape_b, mad) in zip(chunk, compared, strict=True):
                 bar.update()

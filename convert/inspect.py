@@ -5,43 +5,56 @@ class and the stored bytes come from the manifest (for a folder: the scan and th
 sizes), the image shapes from the manifest when they are fixed, else from the headers of a
 seeded sample of at most ``shape_samples`` images (no decode). :func:`contact_sheet`
 draws, with Pillow, a grid of ``per_class`` seeded samples of each class, one row per
-class (the first ``max_rows`` classes unless ``classes`` names them), each tile labelled
-with its class name: a glance tells whether labels and pixels are right after a
-conversion. Labels are drawn in DejaVu Sans, which matplotlib ships (Latin, Greek,
-Cyrillic and more; Pillow's own font has ASCII glyphs only), and a name too long for its
-tile ends in an ellipsis inside it.
+class (the first ``max_rows`` classes unless ``classes`` names them; a dataset without
+classes: one row, :data:`UNLABELED_ROW`), each tile labelled with its class name: a glance
+tells whether labels and pixels are right after a conversion. Labels are drawn in DejaVu
+Sans, a name too long for its tile ending in an ellipsis inside it
+(:mod:`convert.tile_text`). A dataset's fields are shown as its schema and the first few
+values of each (:mod:`convert.field_views`); ``caption=`` writes a text field under each
+tile, wrapped to the tile's width in at most :data:`CAPTION_LINES` lines.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import logging
 import os
 import random
 import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
 import readers
+from convert.field_views import caption_field, captions, examples, schema_lines
 from convert.options import ConvertOptions
 from convert.scan import Sample
 from convert.sources import DatasetSource, SampleSource, open_source
+from convert.sources.base import Stored, WithFields
+from convert.tile_text import (
+    CAPTION_LINES,
+    ELLIPSIS,
+    LABEL_FONT_SIZE,
+    bundled_font,
+    fit_label,
+    label_font,
+    wrap_caption,
+)
 from readers import spec
+from readers.fields import parse_schema, schema_json
 
 __all__ = [
+    "CAPTION_LINES",
     "ELLIPSIS",
     "GAP",
     "LABEL_FONT_SIZE",
     "LABEL_HEIGHT",
     "LABEL_PADDING",
     "MAX_ROWS",
+    "UNLABELED_ROW",
     "Sheet",
     "Summary",
     "bundled_font",
@@ -49,16 +62,14 @@ __all__ = [
     "fit_label",
     "label_font",
     "summarize",
+    "wrap_caption",
 ]
 
-log = logging.getLogger(__name__)
-
 LABEL_HEIGHT = 16  # pixels of the strip under each tile that names its class
-LABEL_FONT_SIZE = 11  # DejaVu Sans at 11 px: ascent 11 + descent 3 fit the strip
 LABEL_PADDING = 3  # pixels left and right of a label, inside its tile's width
 GAP = 4  # pixels between two cells (a tile and its label)
 MAX_ROWS = 64  # classes drawn unless named: 1,000 rows made a 626 MB sheet
-ELLIPSIS = "…"
+UNLABELED_ROW = "(unlabeled)"  # the one row of a dataset without classes
 _LAYOUT_ONLY = ConvertOptions(spec.FORMATS[0])  # a folder's scan reads no other option
 
 
@@ -78,6 +89,8 @@ class Summary:
     shapes: dict[str, Any] = field(default_factory=dict)
     content_sha256: str | None = None
     source: dict[str, Any] | None = None  # what the dataset was converted from
+    fields: dict[str, Any] = field(default_factory=dict)  # the schema (manifest's "fields")
+    field_values: dict[str, list[str]] = field(default_factory=dict)  # the first few, one line
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,6 +118,11 @@ class Summary:
                 lines.append(f"  {counts[0][1]:,} samples in every class")
             else:
                 lines += [f"  smallest {smallest}", f"  largest  {largest}"]
+        if self.fields:
+            lines.append(f"fields     {len(self.fields)}")
+            schema = parse_schema(self.fields, "fields")
+            for line, name in zip(schema_lines(schema), schema, strict=True):
+                lines += [line, *(f"      {v}" for v in self.field_values.get(name, []))]
         if self.source:
             lines.append(
                 f"converted from {self.source.get('location')} ({self.source.get('kind')})"
@@ -144,6 +162,8 @@ def summarize(path: str | os.PathLike[str], *, shape_samples: int = 1000, seed: 
             "manifest",
             content_sha256=m.content_sha256,
             source=m.source,
+            fields=schema_json(m.fields),
+            field_values=examples(source, m.fields, []),
         )
         if m.shape is not None:
             summary.shapes = _shape_stats([m.shape] * m.num_samples)
@@ -163,6 +183,8 @@ def summarize(path: str | os.PathLike[str], *, shape_samples: int = 1000, seed: 
             {c: per_class[i] for i, c in enumerate(scan.classes)},
             source.stored_bytes(samples),
             "",
+            fields=schema_json(scan.fields),
+            field_values=examples(source, scan.fields, samples),
         )
     chosen = _seeded_sample(samples, shape_samples, seed)
     summary.shapes = _shape_stats(_stored_shapes(source, chosen))
@@ -182,6 +204,8 @@ def _stored_shapes(source: SampleSource, samples: list[Sample]) -> list[tuple[in
     """``[H, W, 3]`` of each readable sample, from its pixels' shape or its image header."""
     shapes = []
     for stored in source.reader().read(samples):
+        if isinstance(stored, WithFields):
+            stored = stored.image
         if isinstance(stored, np.ndarray):
             shapes.append(tuple(stored.shape))
         elif isinstance(stored, bytes):
@@ -218,44 +242,7 @@ class Sheet:
     tiles: dict[str, list[str]]  # class -> the source paths drawn, in column order
     unreadable: list[str] = field(default_factory=list)
     left_out: int = 0
-
-
-def bundled_font() -> Path | None:
-    """matplotlib's DejaVu Sans, found without importing matplotlib; None without it."""
-    spec = importlib.util.find_spec("matplotlib")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    font = Path(next(iter(spec.submodule_search_locations)), "mpl-data/fonts/ttf/DejaVuSans.ttf")
-    return font if font.is_file() else None
-
-
-def label_font(size: int = LABEL_FONT_SIZE) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
-    """The font of the tiles' labels: DejaVu Sans, else Pillow's own with a warning."""
-    font = bundled_font()
-    if font is not None:
-        return ImageFont.truetype(str(font), size)
-    log.warning(
-        "inspect --grid: class names drawn in Pillow's font, which has ASCII glyphs only "
-        "(other letters show as boxes): for DejaVu Sans, pip install -e '.[plot]' in the "
-        "imgpack checkout (or pip install matplotlib)"
-    )
-    return ImageFont.load_default(size)
-
-
-def fit_label(text: str, font: ImageFont.FreeTypeFont | ImageFont.ImageFont, width: float) -> str:
-    """``text`` if it is at most ``width`` pixels long in ``font``, else its longest prefix
-    that fits with an ellipsis after it ("" when not even the ellipsis fits)."""
-    if font.getlength(text) <= width:
-        return text
-    fits, too_long = 0, len(text)  # prefix lengths: the ellipsed one fits / does not
-    while too_long - fits > 1:
-        middle = (fits + too_long) // 2
-        if font.getlength(text[:middle].rstrip() + ELLIPSIS) <= width:
-            fits = middle
-        else:
-            too_long = middle
-    fitted = text[:fits].rstrip() + ELLIPSIS
-    return fitted if font.getlength(fitted) <= width else ""
+    captions: dict[str, list[str | None]] = field(default_factory=dict)  # class -> --caption
 
 
 def contact_sheet(
@@ -267,11 +254,13 @@ def contact_sheet(
     seed: int = 0,
     tile: int = 96,
     max_rows: int = MAX_ROWS,
+    caption: str | None = None,
 ) -> Sheet:
     """Draw ``per_class`` samples of each class of the dataset or folder at ``path`` (the
     first ``max_rows`` classes, or those ``classes`` names), chosen with ``seed``, into the
     PNG ``out``: one row per class, each tile the image fitted into ``tile`` pixels and
-    labelled with its class name."""
+    labelled with its class name, and with the text field ``caption`` under it when named
+    (ValueError for a field that is not there or not text)."""
     if per_class < 1 or tile < 16 or max_rows < 1:
         raise ValueError(
             "--per-class and --max-rows must be 1 or more and --tile 16 or more, not "
@@ -279,8 +268,12 @@ def contact_sheet(
         )
     source = open_source(path)
     scan = source.scan(_LAYOUT_ONLY)
-    names = list(classes) if classes else list(scan.classes[:max_rows])
-    unknown = [c for c in names if c not in scan.classes]
+    schema = source.manifest.fields if isinstance(source, DatasetSource) else scan.fields
+    if caption is not None:
+        caption_field(source.where, schema, caption)
+    rows_of = {c: i for i, c in enumerate(scan.classes)} or {UNLABELED_ROW: spec.UNLABELED}
+    names = list(classes) if classes else list(rows_of)[:max_rows]
+    unknown = [c for c in names if c not in rows_of]
     if unknown:
         raise ValueError(
             f"{source.where}: no class {unknown[0]!r} (classes: {', '.join(scan.classes[:10])}"
@@ -291,19 +284,23 @@ def contact_sheet(
         by_class.setdefault(sample.label, []).append(sample)
     rows = []
     for name in names:  # each class seeded alone: its row is the same whatever else is drawn
-        members = by_class.get(scan.classes.index(name), [])
+        members = by_class.get(rows_of[name], [])
         rows.append(random.Random(f"{seed}:{name}").sample(members, min(per_class, len(members))))
-    cell_width, cell_height = tile + GAP, tile + LABEL_HEIGHT + GAP
+    cell_width = tile + GAP
+    cell_height = tile + LABEL_HEIGHT * (1 + (CAPTION_LINES if caption else 0)) + GAP
     sheet = Image.new("RGB", (per_class * cell_width, len(names) * cell_height), (32, 32, 32))
     draw, font = ImageDraw.Draw(sheet), label_font()
     text_width = tile - 2 * LABEL_PADDING
-    left_out = 0 if classes else len(scan.classes) - len(names)
+    left_out = 0 if classes else len(rows_of) - len(names)
     result = Sheet(str(out), sheet.size, names, {}, left_out=left_out)
     reader = source.reader()
     for row, (name, chosen) in enumerate(zip(names, rows, strict=True)):
         result.tiles[name] = [s.relpath for s in chosen]
         label = fit_label(name, font, text_width)
-        for column, (sample, stored) in enumerate(zip(chosen, reader.read(chosen), strict=True)):
+        values = reader.read(chosen)
+        texts = captions(source, schema, chosen, values, caption) if caption else []
+        result.captions[name] = texts
+        for column, (sample, stored) in enumerate(zip(chosen, values, strict=True)):
             left, top = column * cell_width + GAP // 2, row * cell_height + GAP // 2
             thumb = _thumbnail(stored, tile)
             if thumb is None:
@@ -315,12 +312,18 @@ def contact_sheet(
                     thumb, (left + (tile - thumb.width) // 2, top + (tile - thumb.height) // 2)
                 )
             draw.text((left + LABEL_PADDING, top + tile + 2), label, (240, 240, 240), font)
+            text = texts[column] if texts else None
+            for n, line in enumerate(wrap_caption(text or "", font, text_width)):
+                at = (left + LABEL_PADDING, top + tile + 2 + LABEL_HEIGHT * (n + 1))
+                draw.text(at, line, (200, 200, 150), font)
     sheet.save(out, format="PNG")
     return result
 
 
-def _thumbnail(stored: bytes | np.ndarray | str, tile: int) -> Image.Image | None:
+def _thumbnail(stored: Stored, tile: int) -> Image.Image | None:
     """The image fitted into ``tile`` x ``tile``, or None if it cannot be decoded."""
+    if isinstance(stored, WithFields):
+        stored = stored.image
     if isinstance(stored, str):
         return None
     try:

@@ -3,8 +3,10 @@
 The quick check reads every byte once: the manifest's fields, each shard's size and
 SHA-256 (and its sidecars'), then opens each intact shard to count its samples and labels.
 The deep check also reads every sample back through the format's reader, decodes it,
-checks its shape and recomputes the content checksum, which catches what a byte-exact
-shard cannot: a writer that stored the wrong thing. Shards that fail their checksum are
+checks its shape, reads and decodes each of its fields (each value checked against its
+CRC-32 by the shard's field columns, an array against the schema's dtype and shape) and
+recomputes the content checksum, which catches what a byte-exact shard cannot: a writer
+that stored the wrong thing. Shards that fail their checksum are
 not opened: a corrupt file is reported, never parsed.
 """
 
@@ -25,6 +27,8 @@ from convert.options import default_workers
 from convert.writers.base import file_sha256
 from readers import DATASETS, spec
 from readers.dataset import ImageDataset, ShardReader
+from readers.fields import Schema, decode
+from readers.formats.field_columns import FieldColumn, ScalarColumn
 from readers.images.decode import decode_image
 from readers.manifest import Manifest, load_manifest
 from readers.storage.location import Location
@@ -252,15 +256,17 @@ def _check_samples(
     """Decode every sample of one shard (in threads) and return their content digests;
     ``location`` is the shard's path and the dataset index of its first sample."""
     where, first = location
+    columns = _field_columns(manifest.fields, reader, where, report)
 
     def check(i: int) -> tuple[bytes, str | None]:
         try:
             value = reader.read(i)
             path = reader.path(i)
+            fields = [(name, _field_bytes(column, i)) for name, column in columns]
             pixels = value if isinstance(value, np.ndarray) else decode_image(value)
         except (ValueError, OSError) as e:  # the reader's own errors name shard[i] already
             return b"", str(e).removeprefix(f"{where}[{i}]: ")
-        digest = spec.sample_digest(int(labels[i]), path, value)
+        digest = spec.sample_digest(int(labels[i]), path, value, fields)
         shape = tuple(pixels.shape)
         if pixels.dtype != np.uint8 or len(shape) != 3 or shape[2] != 3:
             return digest, f"decodes to {pixels.dtype} {shape}, not uint8 HxWx3"
@@ -276,3 +282,46 @@ def _check_samples(
             digests.append(digest)
             advance(1)
     return digests
+
+
+def _field_columns(
+    schema: Schema, reader: ShardReader, where: str, report: VerifyReport
+) -> list[tuple[str, FieldColumn | None]]:
+    """The shard's column of each field of the manifest's ``schema``, in its order: None
+    for one the shard lacks or whose typed column fails its CRC-32 (each a problem of the
+    shard's; their samples then miss from the content checksum's match)."""
+    columns: list[tuple[str, FieldColumn | None]] = []
+    held = reader.fields
+    for name in held:
+        if name not in schema:
+            report.problems.append(Problem(where, f"holds field {name!r}, not in the manifest"))
+    for name in schema:
+        column = held.get(name)
+        if column is None:
+            report.problems.append(Problem(where, f"holds no field {name!r} of the manifest"))
+        elif isinstance(column, ScalarColumn):
+            try:
+                column.scalars()  # the whole column's CRC-32, checked once
+            except spec.DatasetError as e:
+                report.problems.append(Problem(where, str(e).removeprefix(f"{where}: ")))
+                column = None
+        columns.append((name, column))
+    return columns
+
+
+def _field_bytes(column: FieldColumn | None, i: int) -> bytes | None:
+    """Field value ``i``'s canonical bytes, read (CRC-checked) and decoded; a ValueError
+    naming the field when it does not decode or an array is not of the schema's dtype and
+    shape."""
+    if column is None:  # a problem of the shard's already
+        return None
+    data = column.raw([i])[0]
+    value = decode(column.spec.kind, data, f"field {column.name!r}")
+    fixed = column.spec
+    if value is not None and column.spec.kind == "array":
+        if fixed.dtype is not None and value.dtype.str != fixed.dtype:
+            raise ValueError(f"field {column.name!r}: dtype {value.dtype.str}, not {fixed.dtype}")
+        if fixed.shape is not None and tuple(value.shape) != fixed.shape:
+            shape = tuple(value.shape)
+            raise ValueError(f"field {column.name!r}: shape {shape}, not {fixed.shape}")
+    return data

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from convert.field_views import schema_lines
 from convert.verify import verify_dataset
 from readers.manifest import Manifest, load_manifest
 
@@ -27,6 +28,8 @@ def describe(manifest: Manifest) -> str:
         f"bytes      {total_bytes:,} in {len(manifest.shards)} shard(s)",
         f"checksum   {m.content_sha256 or '?'}",
         *([f"source     {m.source.get('kind')} {m.source.get('location')}"] if m.source else []),
+        f"fields     {len(m.fields) or 'none'}",
+        *schema_lines(m.fields),
         f"classes    {len(manifest.classes)}",
     ]
     per_class = m.samples_per_class or {}
@@ -49,8 +52,8 @@ def _converted_with(done: dict) -> str:
 @click.argument("dst")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest itself.")
 def info(dst: str, as_json: bool) -> None:
-    """Show what the imgpack dataset at DST (a folder or a URL) holds: format, samples
-    per class, shards."""
+    """Show what the imgpack dataset at DST (a folder or a URL) holds: format and its
+    version, the fields' schema, samples per class, shards."""
     manifest = load_manifest(dst)
     click.echo(json.dumps(manifest.to_json(), indent=1) if as_json else describe(manifest))
 
@@ -60,8 +63,8 @@ def info(dst: str, as_json: bool) -> None:
 @click.option(
     "--deep",
     is_flag=True,
-    help="Also read back and decode every sample, check its shape and recompute the "
-    "content checksum (as slow as one epoch of reading).",
+    help="Also read back and decode every sample and every field value, check the image's "
+    "shape and recompute the content checksum (as slow as one epoch of reading).",
 )
 @click.option(
     "--progress/--no-progress",
@@ -70,7 +73,7 @@ def info(dst: str, as_json: bool) -> None:
 )
 def verify(dst: str, deep: bool, progress: bool | None) -> None:
     """Check that the dataset at DST is intact: the manifest, each shard's size and
-    SHA-256, sample counts and labels; with --deep, every sample too. For a URL, each
+    SHA-256, sample counts and labels; with --deep, every sample and its fields too. For a URL, each
     shard is downloaded into the reader cache (~/.cache/imgpack) to be checked.
 
     Prints one line per problem (file or file[index], and what is wrong) and exits
@@ -81,5 +84,9 @@ def verify(dst: str, deep: bool, progress: bool | None) -> None:
         click.echo(str(problem))
     if not report.ok:
         raise click.ClickException(f"{len(report.problems)} problem(s) found in {dst}")
-    what = "every sample decoded, content checksum matches" if deep else "sizes and checksums"
+    what = (
+        "every sample and field decoded, content checksum matches"
+        if deep
+        else "sizes and checksums"
+    )
     click.echo(f"OK: {report.samples} samples in {report.shards} shard(s) ({what})")

@@ -55,9 +55,11 @@ def diff(
 ) -> None:
     """Compare the imgpack datasets A and B (folders or URLs, of any formats and
     encodings): the samples, matched by source path; their labels, by class name, and the
-    class lists; then the pixels of each pair, decoded, within --tolerance. Equal content
-    checksums answer without decoding, once each shard's size and SHA-256 match its
-    manifest (as imgpack verify checks them).
+    class lists; the fields' schemas, and each field both hold (text and numbers exactly,
+    json structurally, bytes and arrays by bytes), naming each sample and field that
+    differ; then the pixels of each pair, decoded, within --tolerance. Equal content
+    checksums and schemas answer without decoding, once each shard's size and SHA-256
+    match its manifest (as imgpack verify checks them).
 
     Exits with status 0 when the two are equivalent, 1 when they differ, 2 on an error
     (a dataset that cannot be read, or a shard that is not what its manifest says).

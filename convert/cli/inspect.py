@@ -38,6 +38,12 @@ __all__ = ["inspect"]
     metavar="N",
     help="Classes drawn, one row each, when --classes does not name them.",
 )
+@click.option(
+    "--caption",
+    metavar="FIELD",
+    help="With --grid: write the text field FIELD (a caption) under each tile, wrapped to "
+    "the tile's width.",
+)
 @click.option("--tile", type=int, default=96, show_default=True, metavar="PX", help="Tile size.")
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed of the samples drawn and read."
@@ -56,6 +62,7 @@ def inspect(
     grid: Path | None,
     per_class: int,
     classes: str | None,
+    caption: str | None,
     tile: int,
     max_rows: int,
     seed: int,
@@ -64,21 +71,32 @@ def inspect(
 ) -> None:
     """Summarize what PATH holds, an imgpack dataset of any format (a folder or a URL) or
     a plain image folder: samples, classes, encoding, stored bytes, image shapes and their
-    spread, the smallest and largest classes. It reads the manifest and the index, and the
-    headers of at most --shape-samples images, never decoding everything.
+    spread, the smallest and largest classes, the fields' schema and the first values of
+    each. It reads the manifest and the index, and the headers of at most --shape-samples
+    images, never decoding everything.
     """
+    if caption is not None and grid is None:
+        raise click.UsageError("--caption writes under the tiles of a --grid: add --grid FILE.png")
     summary = summarize(path, shape_samples=shape_samples, seed=seed)
     out, text = summary.to_json(), summary.describe()
     if grid is not None:
         chosen = [c.strip() for c in classes.split(",") if c.strip()] if classes else None
         sheet = contact_sheet(
-            path, grid, per_class=per_class, classes=chosen, seed=seed, tile=tile, max_rows=max_rows
+            path,
+            grid,
+            per_class=per_class,
+            classes=chosen,
+            seed=seed,
+            tile=tile,
+            max_rows=max_rows,
+            caption=caption,
         )
         out["grid"] = {
             "path": sheet.path,
             "size": list(sheet.size),
             "tiles": sheet.tiles,
             "classes_left_out": sheet.left_out,
+            **({"caption": caption, "captions": sheet.captions} if caption else {}),
         }
         tiles = sum(map(len, sheet.tiles.values()))
         note = f"; {len(sheet.unreadable)} unreadable" if sheet.unreadable else ""
