@@ -13,12 +13,14 @@ writer's memory does not grow with the shard.
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
 import numpy as np
 
 from convert.writers.base import Layout, Record
+from convert.writers.fields import ShardColumns
 from convert.writers.spool import JsonList
 from readers import spec
 from readers.formats.checks import stored_crc
@@ -78,6 +80,9 @@ class WdsWriter:
         if layout.kind is StorageKind.ENCODED:
             columns += (spec.WDS_CRC_COLUMN,)
         self.index = {k: JsonList(path) for k in columns}
+        self.columns = ShardColumns(layout.schema, path, spooled=False)
+        # each field's member extension, as webdataset's decoders read its kind
+        self.field_exts = {name: spec.wds_field_ext(name, s.kind) for name, s in layout.fields}
 
     def _member(self, name: str, data: bytes) -> int:
         """Append one member (what ``TarFile.addfile`` writes); return the offset of its
@@ -108,6 +113,25 @@ class WdsWriter:
             entry.append(stored_crc(data))
         for column, value in zip(self.index.values(), entry, strict=True):
             column.append(value)
+        offsets = {
+            name: self._member(f"{record.key}.{ext}", value)
+            for name, ext in self.field_exts.items()
+            if (value := record.fields.get(name)) is not None
+        }
+        self.columns.add(record, offsets)
+
+    def _recorded_columns(self) -> bytes:
+        """The index's entries after the sample columns: the stored sizes, and each
+        field's parts (where its members are, or an int or float field's typed values)."""
+        sizes = self.columns.sizes
+        heights, widths = spec.WDS_SIZE_COLUMNS
+        out = {heights: sizes[:, 0].tolist(), widths: sizes[:, 1].tolist()}
+        fields: dict[str, dict[str, list]] = {}
+        for name, part, value in self.columns.parts():
+            fields.setdefault(name, {})[part] = value.tolist()  # type: ignore[union-attr]
+        if fields:
+            out[spec.WDS_FIELDS_KEY] = fields  # type: ignore[assignment]
+        return b"," + json.dumps(out, separators=(",", ":"))[1:-1].encode("ascii")
 
     def close(self) -> list[str]:
         try:
@@ -120,9 +144,11 @@ class WdsWriter:
                     f.write(b'{"' if k == 0 else b',"')
                     f.write(name.encode("ascii") + b'":')
                     column.dump(f)
+                f.write(self._recorded_columns())
                 f.write(b"}")
         finally:
             for column in self.index.values():
                 column.close()
+            self.columns.close()
             self.tar.close()
         return [spec.WDS_INDEX_SUFFIX]

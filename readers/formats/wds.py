@@ -8,7 +8,11 @@ data offset and size of its image member, the extension, label and path: with it
 tars serve ``WdsDataset[i]`` by one ``pread``, and :class:`readers.WdsStream` reads them
 in ascending passes. Only the index's members are read, and it accepts only the image
 extensions above: anything else in a tar (``.pyd``, ``.pickle``) is never read, let alone
-decoded. Any WebDataset pipeline reads the same tars.
+decoded. Any WebDataset pipeline reads the same tars. From version 2 the index also holds
+``heights`` and ``widths`` (each stored image's size) and ``fields``: per field its parts
+(``readers.spec``), a text/json/bytes/array value being the member
+``KEY.<wds_field_ext>`` that ``offsets``/``sizes`` locate, an int or float field also a
+member (for WebDataset pipelines) and read here from its typed ``values``.
 
 In each reading process a shard's index is NumPy arrays (offsets, sizes, labels, whether
 the sample is raw, and the paths as one blob, :class:`readers.formats.paths.PathTable`): about
@@ -27,6 +31,7 @@ import torch
 
 from readers import spec
 from readers.formats.checks import SampleCrcs, npy_pixels
+from readers.formats.field_columns import open_columns, part_dtype
 from readers.formats.paths import PathTable
 from readers.formats.reader import ShardReader, check_fetched
 from readers.spec import DatasetError, Layout
@@ -75,9 +80,34 @@ def parse_index(data: bytes, where: str, tar_size: int) -> dict[str, list[Any]]:
             and all(type(c) is int and 0 <= c < 1 << 32 for c in crcs)
         ):
             raise ValueError(f"{spec.WDS_CRC_COLUMN!r} is not one CRC-32 per sample")
+        _check_recorded_columns(index, len(columns[0]), tar_size)
     except (ValueError, KeyError, TypeError) as e:  # (UnicodeDecodeError, JSONDecodeError)
         raise DatasetError(f"{where}: missing or invalid tar index: {e}") from e
     return index
+
+
+def _check_recorded_columns(index: dict[str, Any], n: int, tar_size: int) -> None:
+    """Raise ValueError unless the sizes and field parts (version 2) are lists of ``n``
+    numbers, and every field member lies inside the tar."""
+    lists = [index[k] for k in spec.WDS_SIZE_COLUMNS if k in index]
+    fields = index.get(spec.WDS_FIELDS_KEY, {})
+    if not isinstance(fields, dict) or not all(isinstance(f, dict) for f in fields.values()):
+        raise ValueError(f"{spec.WDS_FIELDS_KEY!r} is not an object of fields")
+    lists += [v for parts in fields.values() for k, v in parts.items() if k != spec.FIELD_CRC]
+    for column in lists:
+        if not isinstance(column, list) or len(column) != n:
+            raise ValueError(f"a size or field column is not one value per sample ({n})")
+        if not all(type(v) in (int, float) for v in column):
+            raise ValueError("a size or field column holds a value that is not a number")
+    for name, parts in fields.items():
+        located = [parts.get(spec.FIELD_OFFSETS), parts.get(spec.FIELD_SIZES)]
+        if None in located:
+            continue
+        if not all(type(v) is int for column in located for v in column):
+            raise ValueError(f"field {name!r}: offsets and sizes must be integers")
+        starts, lengths = (np.asarray(c, dtype=np.int64) for c in located)
+        if n and ((starts < 0) | (lengths < 0) | (starts + lengths > tar_size)).any():
+            raise ValueError(f"field {name!r}: a member is not inside the {tar_size}-byte tar")
 
 
 def _check_index_entry(
@@ -99,7 +129,7 @@ class WdsShard(ShardReader):
     ``[H, W, 3]`` of raw pixels, if it has one)."""
 
     def __init__(self, path: str, layout: Layout) -> None:
-        self._path, self._shape = path, layout.shape
+        self._path, self._shape, self._schema = path, layout.shape, layout.schema
         self._fd: int | None = os.open(path, os.O_RDONLY)
         # Closed when the shard is collected, or at interpreter exit before modules are torn
         # down (a __del__ then ran when os could be gone: "Exception ignored in __del__").
@@ -116,6 +146,28 @@ class WdsShard(ShardReader):
         crcs_array = None if crcs is None else np.asarray(crcs, dtype=np.uint32)
         self.crcs = SampleCrcs(crcs_array, self._path, len(self.labels))
         self._npy_headers: set[bytes] = set()  # .npy headers npy_pixels accepted here
+        heights, widths = (index.get(k) for k in spec.WDS_SIZE_COLUMNS)
+        recorded = None if heights is None or widths is None else np.array([heights, widths]).T
+        self.record_sizes(None if recorded is None else recorded.astype(np.int64), self._path)
+        stored = index.get(spec.WDS_FIELDS_KEY, {})
+
+        def part(name: str, part: str) -> np.ndarray:
+            try:
+                values = stored[name][part]
+            except KeyError:
+                raise DatasetError(
+                    f"{self._path}: the index has no {part} of field {name!r}"
+                ) from None
+            return np.asarray(values, dtype=part_dtype(self._schema[name].kind, part))
+
+        self.fields = open_columns(self._schema, self._path, len(self.labels), part, self._bytes)
+
+    def _bytes(self, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of the tar (a field's member)."""
+        data = os.pread(self._fd, stop - start, start)  # type: ignore[arg-type]
+        if len(data) != stop - start:
+            raise DatasetError(f"{self._path}: a field member lies past the end of the file")
+        return data
 
     def _value(self, i: int, data: bytes) -> bytes | np.ndarray:
         """Sample ``i``'s member bytes as :meth:`fetch` serves them: the pixels of a raw
@@ -169,6 +221,7 @@ class RangedWdsShard(WdsShard):
         layout: Layout,
     ) -> None:
         self._path, self._fd, self._shape = remote.url_of(name), None, layout.shape
+        self._schema = layout.schema
         self._remote, self._name = remote, name
         index_url = remote.url_of(name + spec.WDS_INDEX_SUFFIX)
         try:
@@ -195,6 +248,12 @@ class RangedWdsShard(WdsShard):
         except FileNotFoundError:  # deleted since its index was read
             raise DatasetError(f"{self._path}: shard listed in the manifest is missing") from None
         return [self._value(i, data) for i, data in zip(indices, blobs, strict=True)]
+
+    def _bytes(self, start: int, stop: int) -> bytes:
+        try:
+            return self._remote.read_ranges(self._name, [start], [stop])[0]
+        except FileNotFoundError:  # deleted since its index was read
+            raise DatasetError(f"{self._path}: shard listed in the manifest is missing") from None
 
     def read_pixels(self, idx: np.ndarray, out: torch.Tensor) -> None:
         rows, indices = out.numpy().reshape(len(idx), -1), idx.tolist()
