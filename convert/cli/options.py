@@ -41,9 +41,12 @@ def field_options(command: Callable[..., Any]) -> Callable[..., Any]:
                 type=click.Path(exists=True, dir_okay=False, path_type=Path),
                 help="For an image folder: a CSV, JSON lines (.jsonl) or Parquet file of "
                 "fields, one row per image, its 'path' column relative to SRC; each other "
-                "column becomes a field (strings text, integers int, floats float, lists "
-                "and objects json). A row naming no image is a bad row (--on-error); an "
-                "image with no row gets no values (read back as None).",
+                "column becomes a field. Kinds: a CSV column is int if every non-empty cell "
+                "is an integer, else float if every one is a number, else text (an empty "
+                "cell: missing); JSON lines: strings text, integers int, other numbers float, "
+                "lists and objects json; Parquet: by column type. A row naming no image is a "
+                "bad row (--on-error); an image with no row has those fields missing (read "
+                "back as None); a column whose values mix kinds is an error naming both.",
             ),
         )
     ):
