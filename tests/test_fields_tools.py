@@ -31,10 +31,21 @@ from convert.tile_text import ELLIPSIS, label_font, wrap_caption
 from readers import spec
 from readers.fields import FieldSpec
 from readers.manifest import load_manifest
-from tests.test_fields_sources import CAPTIONS, convert, img2dataset_shards
+from tests.test_fields_sources import (
+    CAPTIONS,
+    PHOTOS,
+    TAG_NAMES,
+    convert,
+    hub_parquet,
+    img2dataset_shards,
+)
 from tests.test_verify import flip_byte, reseal
 
-FIELD_FORMATS = ["pt", "hdf5", "lmdb"]  # the formats whose writers store fields: add each as it lands
+FIELD_FORMATS = [
+    "pt",
+    "hdf5",
+    "lmdb",
+]  # the formats whose writers store fields: add each as it lands
 CAPTION_INK = (200, 200, 150)  # the colour convert.inspect writes captions in
 EDITED = 3  # the sample whose caption the edited tars change
 EDITED_CAPTION = "Ein ganz anderes Foto\nneue Zeile"
@@ -259,3 +270,51 @@ def test_verify_deep_names_the_shard_sample_and_field_of_a_flipped_caption_byte(
     assert named in deep.output
     assert deep.output.count(f"{shard}[{EDITED}]") == 1  # named once
     assert "problem(s) found" in deep.output
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pt conversion of a ``datasets``-written Parquet file: caption (text), score
+    (float: a typed column), tags (Sequence(ClassLabel): json with its names), labelled."""
+    dst = tmp_path_factory.mktemp("hub") / "dst"
+    convert(hub_parquet(dst.parent / "parquet"), dst)
+    return dst
+
+
+def test_info_and_inspect_show_a_typed_column_and_a_json_field_with_names(hub):
+    info = imgpack("info", hub)
+    assert info.exit_code == 0, info.output
+    lines = info.output.splitlines()
+    start = lines.index("fields     3")
+    assert lines[start + 1 : start + 4] == [
+        "  caption  text",
+        "  score    float",
+        f"  tags     json names: {', '.join(TAG_NAMES)}",
+    ]
+    shown = json.loads(imgpack("inspect", hub, "--json").output)["field_values"]
+    assert shown["score"] == ["0.5", "1.5", "2.5"] and shown["tags"] == ["[0,2]", "[1]", "[]"]
+
+
+def test_inspect_grid_captions_each_class_row(hub, tmp_path):
+    grid, _ = sheet_of(
+        imgpack("inspect", hub, "--grid", tmp_path / "g.png", "--caption", "caption", "--json")
+    )
+    assert list(grid["captions"]) == ["cat", "dog"]
+    for name, paths in grid["tiles"].items():
+        expected = [CAPTIONS[[p.name for p in PHOTOS].index(Path(p).name)] for p in paths]
+        assert grid["captions"][name] == expected
+
+
+def test_verify_deep_names_the_field_whose_typed_column_is_damaged(hub, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(hub, root)
+    shard = root / spec.shard_name("pt", 0)
+    data = shard.read_bytes()
+    score = np.float64(0.5 + EDITED).tobytes()
+    assert data.count(score) == 1  # sample EDITED's score, in the typed column
+    flip_byte(shard, data.index(score) + 6)
+    reseal(root, 0)
+    deep = imgpack("verify", "--deep", root)
+    assert deep.exit_code == 1, deep.output
+    assert f"{shard}: field 'score': its column fails its CRC-32" in deep.output
+    assert deep.output.count("field 'score'") == 1  # once for the shard, not per sample
