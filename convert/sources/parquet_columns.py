@@ -24,6 +24,8 @@ __all__ = ["Columns", "canonical_column", "field_kind"]
 _LABEL_NAMES = ("label", "labels")
 _SEQUENCES = ("Sequence", "List", "LargeList")  # the features of a list, by datasets version
 _PANDAS_INDEX = "__index_level_"  # a pandas index pyarrow kept as a column: not a field
+_FLOAT_WORDS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}  # json.dumps's words
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # readers.fields.encode's
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,14 @@ def canonical_column(column: Any, kind: str, where: str) -> list[bytes | None]:
         column = column.cast(pa.int8())
     if kind in ("text", "int"):
         return column.cast(pa.large_string()).cast(pa.large_binary()).to_pylist()
+    if kind == "float":  # encode's JSON number, without its checks per value
+        return [
+            None if v is None else _FLOAT_WORDS.get(r := repr(float(v)), r).encode("ascii")
+            for v in column.to_pylist()
+        ]
+    if kind == "json":  # encode's compact JSON, one encoder for the column
+        dumps = _JSON.encode
+        return [None if v is None else dumps(v).encode("utf-8") for v in column.to_pylist()]
     return [encode(kind, value, where) for value in column.to_pylist()]
 
 
