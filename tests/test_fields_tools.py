@@ -41,11 +41,7 @@ from tests.test_fields_sources import (
 )
 from tests.test_verify import flip_byte, reseal
 
-FIELD_FORMATS = [
-    "pt",
-    "hdf5",
-    "lmdb",
-]  # the formats whose writers store fields: add each as it lands
+FIELD_FORMATS = spec.FORMATS  # every writer stores fields (issue 30)
 CAPTION_INK = (200, 200, 150)  # the colour convert.inspect writes captions in
 EDITED = 3  # the sample whose caption the edited tars change
 EDITED_CAPTION = "Ein ganz anderes Foto\nneue Zeile"
@@ -273,12 +269,25 @@ def test_verify_deep_names_the_shard_sample_and_field_of_a_flipped_caption_byte(
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A pt conversion of a ``datasets``-written Parquet file: caption (text), score
-    (float: a typed column), tags (Sequence(ClassLabel): json with its names), labelled."""
-    dst = tmp_path_factory.mktemp("hub") / "dst"
-    convert(hub_parquet(dst.parent / "parquet"), dst)
-    return dst
+def hubs(tmp_path_factory: pytest.TempPathFactory):
+    """``hubs(fmt)``: a conversion of a ``datasets``-written Parquet file: caption (text),
+    score (float: a typed column), tags (Sequence(ClassLabel): json with its names),
+    labelled; made once."""
+    parquet = hub_parquet(tmp_path_factory.mktemp("parquet"))
+    made: dict[str, Path] = {}
+
+    def build(fmt: str) -> Path:
+        if fmt not in made:
+            made[fmt] = tmp_path_factory.mktemp(f"hub-{fmt}") / "dst"
+            convert(parquet, made[fmt], fmt)
+        return made[fmt]
+
+    return build
+
+
+@pytest.fixture
+def hub(hubs) -> Path:
+    return hubs("pt")
 
 
 def test_info_and_inspect_show_a_typed_column_and_a_json_field_with_names(hub):
@@ -305,10 +314,11 @@ def test_inspect_grid_captions_each_class_row(hub, tmp_path):
         assert grid["captions"][name] == expected
 
 
-def test_verify_deep_names_the_field_whose_typed_column_is_damaged(hub, tmp_path):
+@pytest.mark.parametrize("fmt", ["pt", "hdf5", "lmdb"])  # wds: the index holds the column
+def test_verify_deep_names_the_field_whose_typed_column_is_damaged(hubs, tmp_path, fmt):
     root = tmp_path / "copy"
-    shutil.copytree(hub, root)
-    shard = root / spec.shard_name("pt", 0)
+    shutil.copytree(hubs(fmt), root)
+    shard = root / spec.shard_name(fmt, 0)
     data = shard.read_bytes()
     score = np.float64(0.5 + EDITED).tobytes()
     assert data.count(score) == 1  # sample EDITED's score, in the typed column
