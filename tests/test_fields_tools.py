@@ -31,6 +31,7 @@ from convert.tile_text import ELLIPSIS, label_font, wrap_caption
 from readers import spec
 from readers.fields import FieldSpec
 from readers.manifest import load_manifest
+from readers.storage.remote import RemoteFolder
 from tests.test_fields_sources import (
     CAPTIONS,
     PHOTOS,
@@ -39,6 +40,7 @@ from tests.test_fields_sources import (
     hub_parquet,
     img2dataset_shards,
 )
+from tests.test_object_storage import BUCKET, s3_server  # noqa: F401 (the fixture)
 from tests.test_verify import flip_byte, reseal
 
 FIELD_FORMATS = spec.FORMATS  # every writer stores fields (issue 30)
@@ -328,3 +330,24 @@ def test_verify_deep_names_the_field_whose_typed_column_is_damaged(hubs, tmp_pat
     assert deep.exit_code == 1, deep.output
     assert f"{shard}: field 'score': its column fails its CRC-32" in deep.output
     assert deep.output.count("field 'score'") == 1  # once for the shard, not per sample
+
+
+@pytest.mark.usefixtures("s3_server")
+@pytest.mark.parametrize("fmt", ["pt", "wds"])  # a shard copied whole; ranged reads
+def test_the_field_tools_on_a_dataset_in_a_bucket(datasets, edited_tars, fmt, tmp_path):
+    url = f"s3://{BUCKET}/fields-tools/{fmt}"
+    bucket = RemoteFolder(url)
+    for path in sorted(datasets(fmt).iterdir()):
+        bucket.upload(path, path.name)
+    shown = json.loads(imgpack("inspect", url, "--json").output)
+    assert shown["field_values"]["txt"] == [" ".join(c.split()) for c in CAPTIONS[:3]]
+    grid, _ = sheet_of(
+        imgpack("inspect", url, "--grid", tmp_path / "g.png", "--caption", "txt", "--json")
+    )
+    assert sorted(grid["captions"]["(unlabeled)"]) == sorted(CAPTIONS)
+    deep = imgpack("verify", "--deep", url)
+    assert deep.exit_code == 0, deep.output
+    result = imgpack("diff", url, datasets(fmt, "edited", src=edited_tars), "--json")
+    assert result.exit_code == 1, result.output
+    (mismatch,) = json.loads(result.output)["field_mismatches"]
+    assert (mismatch["index_a"], mismatch["field"]) == (EDITED, "txt")
