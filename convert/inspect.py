@@ -146,7 +146,9 @@ def _shapes_line(shapes: dict[str, Any]) -> str:
 
 
 def summarize(path: str | os.PathLike[str], *, shape_samples: int = 1000, seed: int = 0) -> Summary:
-    """The summary of the dataset or image folder at ``path`` (see the module docstring)."""
+    """The summary of the dataset or image folder at ``path`` (see the module docstring);
+    the fields' first values are read from the first samples (a URL dataset's first shard
+    is fetched for them, as any read of it is)."""
     source = open_source(path)
     if isinstance(source, DatasetSource):
         m = source.manifest
