@@ -148,3 +148,38 @@ def test_webdataset_reads_each_field_from_imgpack_tars(tmp_path):
                 assert sample[ext] == expected
             else:
                 assert same(sample[ext], expected), (name, i, sample[ext])
+
+
+# Datasets written by imgpack 0.2.0 (format version 1: no fields, no recorded sizes), made
+# by that release's `imgpack convert sample_data DST --format F --encoding jpeg|raw
+# --resize 16 --center-crop 16`.
+V1 = Path(__file__).parent / "fixtures" / "v1"
+
+
+@pytest.mark.parametrize("name", ["pt", "pt-raw", "hdf5", "lmdb", "wds"])
+def test_version_1_datasets_read_as_they_did(tmp_path, name):
+    import readers
+    from convert import ConvertOptions, convert_folder
+    from tests.conftest import SAMPLE_DATA
+
+    old = readers.open_dataset(V1 / name)
+    assert old.manifest.format_version == 1 and old.fields == {}
+    fmt, _, raw = name.partition("-")
+    options = ConvertOptions(fmt, encoding="raw" if raw else "jpeg", resize=16, center_crop=16)
+    convert_folder(SAMPLE_DATA, tmp_path / "new", options, workers=1, progress=False)
+    new = readers.open_dataset(tmp_path / "new")
+    assert len(old) == len(new) == 32 and old.classes == new.classes
+    for i in range(len(old)):
+        (old_image, old_label), (new_image, new_label) = old[i], new[i]
+        assert old_label == new_label and old_image.equal(new_image)
+    assert old.sizes.tolist() == new.sizes.tolist() == [[16, 16]] * 32  # from the images
+
+
+@pytest.mark.parametrize("name", ["pt", "hdf5", "lmdb", "wds"])
+def test_version_1_datasets_verify_deep(name):
+    from click.testing import CliRunner
+
+    from convert.cli import main
+
+    result = CliRunner().invoke(main, ["verify", str(V1 / name), "--deep"])
+    assert result.exit_code == 0, result.output
