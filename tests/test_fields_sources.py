@@ -105,11 +105,7 @@ def test_webdataset_members_become_fields_with_their_kinds(tmp_path):
     assert prepared[0].fields[0] == canonical_json  # compact, in the member's key order
 
 
-LANDED = ("pt", "lmdb")  # the formats whose writers store Record.fields (the lead's slice)
-FORMATS = [
-    pytest.param(fmt, marks=() if fmt in LANDED else pytest.mark.xfail(reason="writer pending"))
-    for fmt in ("pt", "hdf5", "lmdb", "wds")
-]
+FORMATS = ["pt", "hdf5", "lmdb", "wds"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -254,9 +250,10 @@ def test_parquet_fields_are_read_with_staged_images(tmp_path, monkeypatch):
     assert sorted(values_of(schema, p)["caption"] for p in prepared) == sorted(CAPTIONS)
 
 
-def test_parquet_fields_reach_the_shards(tmp_path):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_parquet_fields_reach_the_shards(tmp_path, fmt):
     dst = tmp_path / "dst"
-    convert(hub_parquet(tmp_path / "hub"), dst, encoding="jpeg", resize=32)
+    convert(hub_parquet(tmp_path / "hub"), dst, fmt, encoding="jpeg", resize=32)
     schema, samples = stored(dst)
     assert schema["tags"].names == tuple(TAG_NAMES)
     assert [s["caption"] for s in samples] == CAPTIONS
@@ -358,10 +355,11 @@ def test_a_metadata_csv_joins_its_columns_by_path(tmp_path):
     assert values[2] == {"note": None, "score": None, "txt": CAPTIONS[2], "views": None}  # no row
 
 
-def test_metadata_fields_reach_the_shards(tmp_path):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_metadata_fields_reach_the_shards(tmp_path, fmt):
     src = sidecar_folder(tmp_path)
     dst = tmp_path / "dst"
-    convert(src, dst, metadata=str(metadata_csv(tmp_path / "meta.csv")))
+    convert(src, dst, fmt, metadata=str(metadata_csv(tmp_path / "meta.csv")))
     schema, samples = stored(dst)
     assert list(schema) == ["json", "note", "score", "txt", "views"]
     assert [s["txt"] for s in samples] == CAPTIONS
@@ -426,9 +424,10 @@ def test_metadata_is_refused_for_a_dataset_source(tmp_path):
 
 
 # --- imgpack datasets ----------------------------------------------------------------------
-def test_an_imgpack_dataset_reconverted_keeps_its_fields(tmp_path):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_imgpack_dataset_reconverted_keeps_its_fields(tmp_path, fmt):
     first = tmp_path / "first"
-    convert(img2dataset_shards(tmp_path / "src"), first)
+    convert(img2dataset_shards(tmp_path / "src"), first, fmt)
     schema, prepared = records(first)
     assert {name: spec.kind for name, spec in schema.items()} == {"json": "json", "txt": "text"}
     assert [values_of(schema, p)["txt"] for p in prepared] == CAPTIONS
@@ -436,3 +435,64 @@ def test_an_imgpack_dataset_reconverted_keeps_its_fields(tmp_path):
     convert(first, again, fields=("txt",))
     schema, samples = stored(again)
     assert list(schema) == ["txt"] and [s["txt"] for s in samples] == CAPTIONS
+
+
+def test_parquet_column_kinds_and_canonical_bytes_match_encode():
+    import datetime
+    import math
+
+    import pyarrow as pa
+
+    from convert.sources.parquet_columns import canonical_column, field_kind
+    from readers.fields import encode
+
+    columns = {
+        "text": pa.array(["a", None, "größer\n写真"]),
+        "large": pa.array(["x", "y", None], pa.large_string()),
+        "cat": pa.array(["b", "a", "b"]).dictionary_encode(),
+        "int": pa.array([1, None, -(2**63)], pa.int64()),
+        "small": pa.array([1, 2, None], pa.uint8()),
+        "bool": pa.array([True, False, None]),
+        "float": pa.array([0.1, math.nan, -math.inf]),
+        "f32": pa.array([0.1, None, 1.5], pa.float32()),
+        "bytes": pa.array([b"\x00\xff", None, b""]),
+        "list": pa.array([[1, 2], [], None]),
+        "struct": pa.array([{"a": "ü", "b": 1.5}, None, {"a": None, "b": 2.0}]),
+        "date": pa.array([datetime.date(2026, 12, 4), None, datetime.date(1970, 1, 1)]),
+    }
+    kinds = {name: field_kind(column.type) for name, column in columns.items()}
+    assert kinds == {
+        "text": "text", "large": "text", "cat": "text", "int": "int", "small": "int",
+        "bool": "int", "float": "float", "f32": "float", "bytes": "bytes", "list": "json",
+        "struct": "json", "date": "text",
+    }  # fmt: skip
+    for name, column in columns.items():
+        got = canonical_column(column, kinds[name], name)
+        values = column.cast(pa.string()).to_pylist() if name == "date" else column.to_pylist()
+        assert got == [encode(kinds[name], v, name) for v in values], name
+
+
+def test_a_folder_with_metadata_resumes(tmp_path):
+    src = sidecar_folder(tmp_path)
+    meta = str(metadata_csv(tmp_path / "meta.csv"))
+    dst = tmp_path / "dst"
+    convert(src, dst, metadata=meta)
+    resumed = convert_folder(
+        src, dst, ConvertOptions("pt", encoding="original", metadata=meta), workers=1,
+        resume=True, progress=False,
+    )  # fmt: skip
+    assert resumed.resumed == len(PHOTOS)
+
+
+def test_metadata_from_the_command_line(tmp_path):
+    src = sidecar_folder(tmp_path)
+    meta = metadata_csv(tmp_path / "meta.csv")
+    dst = tmp_path / "dst"
+    args = ["convert", str(src), str(dst), "--format", "pt", "--metadata", str(meta)]
+    result = CliRunner().invoke(main, [*args, "--fields", "score,txt"])
+    assert result.exit_code == 0, result.output
+    schema, samples = stored(dst)
+    assert list(schema) == ["score", "txt"] and samples[0]["score"] == 0.5
+    plain = CliRunner().invoke(main, [*args[:2], str(tmp_path / "plain"), *args[3:], "--no-fields"])
+    assert plain.exit_code == 0, plain.output
+    assert load_manifest(tmp_path / "plain").fields == {}
