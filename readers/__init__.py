@@ -15,6 +15,12 @@ Training crops are reader options, done inside the decode (no per-sample transfo
 >>> crop = readers.RandomResizedCrop(224, flip=True)          # torchvision's semantics
 >>> loader = readers.make_loader("/data/imagenet-pt", batch_size=256, crop=crop)
 
+Captions and other fields ride along when asked for; the metadata table reads no image:
+
+>>> ds = readers.open_dataset("/data/laion-pt", fields=("txt",))  # ds[i]: (image, label, txt)
+>>> keep = ds.metadata()["index"].to_numpy()                  # pyarrow: filter, then
+>>> loader = readers.make_loader("/data/laion-pt", 256, indices=keep, fields=("txt",))
+
 Training code imports this package only; it never pulls in the converter.
 """
 
@@ -24,7 +30,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time each name is imported on first use
-    from readers.batch import SampleBatch, collate, collate_any
+    from readers.batch import Sample, SampleBatch, collate, collate_any
     from readers.dataset import (
         DATASETS,
         Hdf5Dataset,
@@ -40,6 +46,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time each name is imported o
     from readers.feeding.device import DevicePrefetcher
     from readers.feeding.tune import tune_loader
     from readers.feeding.wait import WaitMeter, measure_wait
+    from readers.fields import FieldSpec
     from readers.images.crop import CenterCrop, Crop, RandomResizedCrop
     from readers.images.decode import ImageTooLargeError, decode_image, decoder_name
     from readers.manifest import Manifest, load_manifest
@@ -50,6 +57,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time each name is imported o
 # (which `import readers.spec` runs first) costs no torch: the `imgpack` command starts in
 # a tenth of the time. tests/test_cli_startup.py checks this table against the block above.
 _EXPORTS = {
+    "Sample": "readers.batch",
     "SampleBatch": "readers.batch",
     "collate": "readers.batch",
     "collate_any": "readers.batch",
@@ -68,6 +76,7 @@ _EXPORTS = {
     "tune_loader": "readers.feeding.tune",
     "WaitMeter": "readers.feeding.wait",
     "measure_wait": "readers.feeding.wait",
+    "FieldSpec": "readers.fields",
     "CenterCrop": "readers.images.crop",
     "Crop": "readers.images.crop",
     "RandomResizedCrop": "readers.images.crop",
@@ -87,6 +96,7 @@ __all__ = [
     "DatasetError",
     "DevicePrefetcher",
     "EpochSampler",
+    "FieldSpec",
     "Hdf5Dataset",
     "ImageDataset",
     "ImageTooLargeError",
@@ -95,6 +105,7 @@ __all__ = [
     "Manifest",
     "PtDataset",
     "RandomResizedCrop",
+    "Sample",
     "SampleBatch",
     "StorageError",
     "WaitMeter",

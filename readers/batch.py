@@ -16,35 +16,88 @@ from torch.utils.data import default_collate
 
 from readers.batch_pool import hand_over, take_batch
 from readers.epochs.placement import current_worker
+from readers.fields import FieldSpec, collate_field
 
-__all__ = ["SampleBatch", "collate", "collate_any", "copy_image", "new_batch", "stack_images"]
+__all__ = [
+    "Sample",
+    "SampleBatch",
+    "collate",
+    "collate_any",
+    "copy_image",
+    "new_batch",
+    "stack_images",
+]
+
+
+class Sample(tuple):
+    """``(image, label, *fields)`` as a dataset opened with ``fields=`` serves one sample:
+    a plain tuple that also carries its fields' :attr:`specs`, so that :func:`collate`
+    batches each field by its kind (:func:`readers.fields.collate_field`)."""
+
+    specs: tuple[FieldSpec, ...]
+
+    def __new__(cls, items: Sequence[Any], specs: Sequence[FieldSpec]) -> Sample:
+        sample = super().__new__(cls, items)
+        sample.specs = tuple(specs)
+        return sample
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return Sample, (tuple(self), self.specs)
 
 
 class SampleBatch(Sequence):
-    """A batch that ``__getitems__`` returns: a list of ``(image, label)`` to anyone, and
-    already-stacked ``images``/``labels`` tensors to :func:`collate` (no second copy)."""
+    """A batch that ``__getitems__`` returns: a list of ``(image, label, *fields)`` to
+    anyone, and already-stacked ``images``/``labels`` tensors to :func:`collate` (no second
+    copy), with each chosen field's values (``field_values``, one list per field, of the
+    kinds ``specs`` give)."""
 
-    def __init__(self, images: torch.Tensor | list[Any], labels: torch.Tensor) -> None:
+    def __init__(
+        self,
+        images: torch.Tensor | list[Any],
+        labels: torch.Tensor,
+        field_values: Sequence[list[Any]] = (),
+        specs: Sequence[FieldSpec] = (),
+    ) -> None:
         self.images = images
         self.labels = labels
+        self.field_values = tuple(field_values)
+        self.specs = tuple(specs)
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, i):  # type: ignore[override]
-        return self.images[i], int(self.labels[i])
+        if not self.field_values:
+            return self.images[i], int(self.labels[i])
+        values = (column[i] for column in self.field_values)
+        return Sample((self.images[i], int(self.labels[i]), *values), self.specs)
+
+    def field_batches(self) -> tuple[Any, ...]:
+        """Each field's values batched by its kind (:func:`readers.fields.collate_field`)."""
+        return tuple(
+            collate_field(spec, values)
+            for spec, values in zip(self.specs, self.field_values, strict=True)
+        )
 
 
 def collate(batch: Any) -> Any:
     """DataLoader ``collate_fn``: passes imgpack's pre-stacked batches through untouched (in
     a worker, through its reused shared buffers: :mod:`readers.batch_pool`) and falls
-    back to ``default_collate`` for anything else.
+    back to ``default_collate`` for anything else. With fields (a dataset opened with
+    ``fields=``) a batch is ``(images, labels, *fields)``: int and float fields as tensors,
+    fixed-shape arrays stacked, text, json, bytes and other arrays as lists
+    (:func:`readers.fields.collate_field`).
 
     Raises:
         ValueError: for images of differing shapes, saying what to do.
     """
     if isinstance(batch, SampleBatch) and isinstance(batch.images, torch.Tensor):
-        return hand_over(batch.images, batch.labels) or (batch.images, batch.labels)
+        fields = batch.field_batches()
+        return hand_over(batch.images, batch.labels, fields) or (
+            batch.images,
+            batch.labels,
+            *fields,
+        )
     images = batch.images if isinstance(batch, SampleBatch) else [item[0] for item in batch]
     shapes = {tuple(i.shape) for i in images if isinstance(i, torch.Tensor)}
     if len(shapes) > 1:
@@ -54,16 +107,38 @@ def collate(batch: Any) -> Any:
             "size. Crop at conversion (imgpack convert --center-crop), pass a cropping "
             "transform= to the dataset, or use collate_fn=readers.collate_any for lists"
         )
-    return default_collate(list(batch))
+    rest = _labels_and_fields(batch)
+    if rest is None:
+        return default_collate(list(batch))
+    return (default_collate(list(images)), *rest)
 
 
 def collate_any(batch: Any) -> Any:
     """:func:`collate`, but images of differing shapes (a variable-size dataset without a
     crop, or undecoded bytes) come back as a list instead of failing to stack."""
-    images = batch.images if isinstance(batch, SampleBatch) else [image for image, _ in batch]
+    images = batch.images if isinstance(batch, SampleBatch) else [item[0] for item in batch]
     if isinstance(images, torch.Tensor) or len({tuple(i.shape) for i in images}) == 1:
         return collate(batch)
-    return list(images), torch.tensor([int(label) for _, label in batch])
+    rest = _labels_and_fields(batch)
+    if rest is None:  # pairs, or samples of someone else's dataset
+        labels = torch.tensor([int(item[1]) for item in batch])
+        extra = [default_collate([item[k] for item in batch]) for k in range(2, len(batch[0]))]
+        return (list(images), labels, *extra)
+    return (list(images), *rest)
+
+
+def _labels_and_fields(batch: Any) -> tuple[Any, ...] | None:
+    """``(labels, *fields)`` of a batch of samples with fields (a :class:`SampleBatch` of
+    a dataset opened with ``fields=``, or a list of :class:`Sample` s), each field batched
+    by its kind; None for anything else, which ``default_collate`` batches as before."""
+    if isinstance(batch, SampleBatch):
+        return (batch.labels, *batch.field_batches()) if batch.specs else None
+    if not len(batch) or not isinstance(batch[0], Sample):
+        return None
+    specs = batch[0].specs
+    labels = torch.tensor([int(item[1]) for item in batch])
+    columns = ([item[2 + k] for item in batch] for k in range(len(specs)))
+    return (labels, *map(collate_field, specs, columns))
 
 
 def new_batch(

@@ -16,7 +16,8 @@ taken (a loop that keeps its batches), the batch is allocated the usual way inst
 
 In a worker the buffers lie in one shared-memory file, and :func:`readers.collate` hands a
 batch in them over as a :class:`HandedBatch`. It pickles to a few numbers (plus the file's
-descriptor the first time) and unpickles in the training process as ``(images, labels)``.
+descriptor the first time, and the bytes of the labels and of any fields, which ride along)
+and unpickles in the training process as ``(images, labels, *fields)``.
 The images there are a view of that process's own mapping of the same file, mapped once
 per worker. A flag per slot in the file says who holds it. The worker sets it when it takes
 the slot; the training process clears it when its last tensor over the slot is freed. The
@@ -94,15 +95,17 @@ class BatchPool:
         weakref.finalize(array, self._dropped, slot, generation)
         return torch.from_numpy(array)
 
-    def hand_over(self, images: torch.Tensor, labels: torch.Tensor) -> HandedBatch | None:
-        """``(images, labels)`` as a :class:`HandedBatch` when ``images`` lies in a slot
-        taken here, else None."""
+    def hand_over(
+        self, images: torch.Tensor, labels: torch.Tensor, fields: tuple[Any, ...] = ()
+    ) -> HandedBatch | None:
+        """``(images, labels, *fields)`` as a :class:`HandedBatch` when ``images`` lies in
+        a slot taken here, else None."""
         storage = images.untyped_storage()
         slot, rest = divmod(storage.data_ptr() - self.header.ctypes.data - _PAGE, self.slot_bytes)
         if rest or not 0 <= slot < SLOTS or storage.nbytes() > self.slot_bytes:
             return None
         # the slot's latest take: it cannot be taken again while this tensor lives
-        return HandedBatch(self, slot, self._generations[slot], images, labels)
+        return HandedBatch(self, slot, self._generations[slot], images, labels, fields)
 
     def handed(self, slot: int, generation: int) -> Any:
         """Record that the consumer now owns ``slot``; the descriptor of this file to send
@@ -132,9 +135,10 @@ def _mark_ended(header: np.ndarray) -> None:
 
 
 class HandedBatch(tuple):
-    """A worker's ``(images, labels)`` whose images lie in a pool slot. In the worker it is
-    that tuple; it pickles to where the images are and unpickles in the training process as
-    ``(images, labels)`` over that process's own mapping of the pool's file."""
+    """A worker's ``(images, labels, *fields)`` whose images lie in a pool slot. In the
+    worker it is that tuple; it pickles to where the images are (the labels and fields to
+    their values) and unpickles in the training process as that tuple, the images over that
+    process's own mapping of the pool's file."""
 
     pool: BatchPool
     slot: int
@@ -147,13 +151,14 @@ class HandedBatch(tuple):
         generation: int,
         images: torch.Tensor,
         labels: torch.Tensor,
+        fields: tuple[Any, ...] = (),
     ) -> HandedBatch:
-        batch = super().__new__(cls, (images, labels))
+        batch = super().__new__(cls, (images, labels, *fields))
         batch.pool, batch.slot, batch.generation = pool, slot, generation
         return batch
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        images, labels = self
+        images, labels, *fields = self
         layout = (
             str(images.dtype).removeprefix("torch."),
             tuple(images.shape),
@@ -164,12 +169,27 @@ class HandedBatch(tuple):
         pool = self.pool
         fd = pool.handed(self.slot, self.generation)
         place = (pool.token, os.getpid(), fd, pool.size, pool.offset(self.slot))
-        labels_as = (
-            labels.numpy().tobytes(),
-            str(labels.dtype).removeprefix("torch."),
-            tuple(labels.shape),
-        )
-        return _received_batch, (place, self.slot, layout, labels_as)
+        fields_as = tuple(_value_as(field) for field in fields)
+        return _received_batch, (place, self.slot, layout, _tensor_as(labels), fields_as)
+
+
+def _tensor_as(tensor: torch.Tensor) -> tuple[bytes, str, tuple[int, ...]]:
+    """A small tensor as plain values (its bytes, dtype and shape), which pickle without
+    a shared-memory segment of their own."""
+    data = tensor.detach().contiguous().numpy().tobytes()
+    return data, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)
+
+
+def _tensor_from(data: bytes, dtype_name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    dtype = getattr(torch, dtype_name)
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=dtype).view(shape)
+
+
+def _value_as(value: Any) -> tuple[bool, Any]:
+    """A field's batch as it travels: a tensor as :func:`_tensor_as`, a list as it is."""
+    return (True, _tensor_as(value)) if isinstance(value, torch.Tensor) else (False, value)
 
 
 @dataclass(eq=False)
@@ -205,9 +225,10 @@ def _received_batch(
     slot: int,
     layout: tuple[str, tuple[int, ...], tuple[int, ...], int, int],
     labels_as: tuple[bytes, str, tuple[int, ...]],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unpickle a :class:`HandedBatch`: ``(images, labels)``, the images a view of slot
-    ``slot`` of this process's mapping of the worker's pool."""
+    fields_as: tuple[tuple[bool, Any], ...] = (),
+) -> tuple[Any, ...]:
+    """Unpickle a :class:`HandedBatch`: ``(images, labels, *fields)``, the images a view of
+    slot ``slot`` of this process's mapping of the worker's pool."""
     token, pid, fd, size, offset = place
     dtype_name, shape, stride, storage_offset, nbytes = layout
     with _lock:
@@ -226,9 +247,8 @@ def _received_batch(
     weakref.finalize(array, _released, token, pool, slot)
     dtype = getattr(torch, dtype_name)
     images = torch.from_numpy(array).view(dtype).as_strided(shape, stride, storage_offset)
-    data, labels_dtype, labels_shape = labels_as
-    labels = torch.frombuffer(bytearray(data), dtype=getattr(torch, labels_dtype))
-    return images, labels.view(labels_shape)
+    fields = (_tensor_from(*value) if tensor else value for tensor, value in fields_as)
+    return images, _tensor_from(*labels_as), *fields
 
 
 def _map(fd: int, size: int, pid: int) -> _MappedPool:
@@ -288,12 +308,14 @@ def take_batch(nbytes: int, shared: bool) -> torch.Tensor | None:
     return pool.take(nbytes)
 
 
-def hand_over(images: torch.Tensor, labels: torch.Tensor) -> HandedBatch | None:
-    """``(images, labels)`` as a :class:`HandedBatch` when ``images`` lies in a slot of
-    one of this worker's shared pools, else None (always, outside a worker)."""
+def hand_over(
+    images: torch.Tensor, labels: torch.Tensor, fields: tuple[Any, ...] = ()
+) -> HandedBatch | None:
+    """``(images, labels, *fields)`` as a :class:`HandedBatch` when ``images`` lies in a
+    slot of one of this worker's shared pools, else None (always, outside a worker)."""
     for pool in _pools.get(os.getpid(), ()):
         if pool.shared:
-            handed = pool.hand_over(images, labels)
+            handed = pool.hand_over(images, labels, fields)
             if handed is not None:
                 return handed
     return None

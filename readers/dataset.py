@@ -4,7 +4,8 @@
 ``ImageDataset`` maps global indices to shards, opens each shard lazily in each process
 through the format's reader (:data:`readers.formats.SHARD_READERS`), decodes on the decode
 threads, and serves whole batches through ``__getitems__`` (which ``DataLoader`` calls
-with a batch's indices) and :meth:`ImageDataset.read_stored`.
+with a batch's indices). What is read without decoding (stored values, the fields chosen
+with ``fields=``, ``sizes``, ``metadata()``) is :mod:`readers.dataset_reads`'s.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from functools import partial
-from itertools import accumulate, groupby
+from itertools import accumulate
 from typing import Any, ClassVar
 
 import numpy as np
@@ -22,6 +23,7 @@ import torch
 from torch.utils.data import Dataset
 
 from readers.batch import SampleBatch, new_batch, stack_images
+from readers.dataset_reads import StoredReads, chosen_fields
 from readers.epochs.placement import default_decode_threads
 from readers.formats import ShardOpener, ShardReader, open_local_shard
 from readers.imagefolder import ImageFolderAttributes
@@ -53,7 +55,7 @@ __all__ = [
 Transform = Callable[[torch.Tensor], Any]
 
 
-class ImageDataset(ImageFolderAttributes, Dataset):
+class ImageDataset(StoredReads, ImageFolderAttributes, Dataset):
     """Map-style dataset over an imgpack dataset of any format (the named subclasses,
     :class:`PtDataset` and the others, accept their own format only).
 
@@ -80,13 +82,19 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         opener: how a shard is opened (:data:`readers.formats.ShardOpener`); default
             :func:`readers.formats.open_local_shard`. ``WdsStream`` passes its own, which
             reads remote tars by byte ranges.
+        fields: names of the dataset's fields (:attr:`fields`) each sample also carries,
+            in this order: ``ds[i]`` is then ``(image, label, *values)`` (a
+            :class:`readers.Sample`; None where a sample has no value) and a batch
+            ``(images, labels, *fields)`` (:func:`readers.collate`). ``crop``,
+            ``transform`` and ``decode`` apply to the image only.
 
     Images are ``torch.uint8`` ``[3, H, W]`` RGB views of HWC storage (channels-last
     memory); labels are ``int`` class indices as torchvision's ``ImageFolder`` gives them.
     Nothing is opened until first use in each process, and nothing open is pickled.
     Every path (``ds[i]``, ``__getitems__``, ``crop=``, ``decode=False``) checks each
-    sample as :mod:`readers.formats.checks` says, and fails alike: a ``DatasetError`` naming
-    ``shard[index]``.
+    sample and field as :mod:`readers.formats.checks` says, and fails alike: a
+    ``DatasetError`` naming ``shard[index]``. :attr:`sizes` (stored height, width) and
+    :meth:`metadata` (a ``pyarrow`` table to filter) read no image.
     """
 
     format: ClassVar[str | None] = None  # a named class reads that format only
@@ -103,6 +111,7 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
         opener: ShardOpener = open_local_shard,
+        fields: Sequence[str] | None = None,
     ) -> None:
         if (transform is not None or crop is not None) and not decode:
             raise ValueError("transform= and crop= need decoded images: keep decode=True")
@@ -119,6 +128,7 @@ class ImageDataset(ImageFolderAttributes, Dataset):
             )
             manifest = load_manifest(location, self.format)
         self.manifest: Manifest = manifest
+        self.field_names = chosen_fields(manifest.fields, fields, manifest.location)
         self.decode = decode
         self.root = manifest.root
         self.transform = transform
@@ -134,7 +144,7 @@ class ImageDataset(ImageFolderAttributes, Dataset):
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
         return self.serve(self.stored(index), index)
 
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
@@ -143,31 +153,33 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         Images of differing shapes come back as a list."""
         located = [self.locate(i) for i in indices]
         labels = torch.tensor([int(self.shard(s).labels[k]) for s, k in located])
+        fields = self._fields_of(located)
+        batch = partial(SampleBatch, labels=labels, field_values=fields, specs=self.field_specs)
         if not located:
-            return SampleBatch([], labels)
+            return batch([])
         if self.crop is not None and self.transform is None:
             shape = (len(located), 3, *self.crop.size)
-            batch = new_batch(shape, torch.uint8, channels_last=self.crop.channels_last)
-            rows = batch.permute(0, 2, 3, 1)
+            images = new_batch(shape, torch.uint8, channels_last=self.crop.channels_last)
+            rows = images.permute(0, 2, 3, 1)
             self._crop_into(self.crop, located, None, rows)
-            return SampleBatch(batch, labels)
+            return batch(images)
         layout = self.manifest.layout
         if layout.kind is StorageKind.FIXED_PIXELS and layout.shape and self.transform is None:
             height, width, channels = layout.shape
             images = new_batch((len(located), channels, height, width), torch.uint8)
             self._gather_pixels(located, images.permute(0, 2, 3, 1))
-            return SampleBatch(images, labels)
+            return batch(images)
         values = self._read_located(located)
         whole = self._decode_whole(values, located) if self.decode and self.crop is None else None
         if whole is not None and self.transform is None:
-            return SampleBatch(whole, labels)
+            return batch(whole)
 
         def load(row: int) -> Any:
             if whole is None:
                 return self._decode(values[row], *located[row])
             return self.transform(whole[row])  # type: ignore[misc]
 
-        return SampleBatch(stack_images(load, len(located), self._map), labels)
+        return batch(stack_images(load, len(located), self._map))
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s random crops (``crop=``); :class:`readers.EpochSampler`
@@ -175,34 +187,13 @@ class ImageDataset(ImageFolderAttributes, Dataset):
         if self.crop is not None:
             self.crop.set_epoch(epoch)
 
-    def stored(self, index: int) -> bytes | memoryview | np.ndarray:
-        """Sample ``index`` as stored, without decoding: the encoded bytes (a memoryview of
-        mmap'd pages for ``pt``) or, for ``raw``, the uint8 ``[H, W, 3]`` pixel array."""
-        shard, local = self.locate(index)
-        return self.shard(shard).read(local)
-
-    def read_stored(self, indices: Sequence[int]) -> list[bytes | memoryview | np.ndarray]:
-        """Samples ``indices`` as :meth:`stored` gives each, in that order, read shard by
-        shard in ascending order: one round of merged range requests per shard for a
-        remote ``wds`` dataset read by byte ranges (what :class:`readers.WdsStream` does)."""
-        return self._read_located([self.locate(i) for i in indices])
-
-    def _read_located(self, located: list[tuple[int, int]]) -> list[Any]:
-        """:meth:`read_stored` of the samples ``(shard, local index)``."""
-        order = sorted(range(len(located)), key=located.__getitem__)
-        values: list[Any] = [None] * len(located)
-        for shard, rows in groupby(order, key=lambda row: located[row][0]):
-            rows = list(rows)
-            read = self.shard(shard).read_many([located[row][1] for row in rows])
-            for row, value in zip(rows, read, strict=True):
-                values[row] = value
-        return values
-
-    def serve(self, value: Any, index: int) -> tuple[Any, int]:
+    def serve(self, value: Any, index: int, values: Sequence[Any] | None = None) -> tuple[Any, ...]:
         """``ds[index]`` from its stored value (from :meth:`read_stored`): the image
-        decoded, cropped and transformed as this dataset serves it, and the label."""
+        decoded, cropped and transformed as this dataset serves it, the label, and the
+        fields chosen (their ``values`` from :meth:`read_fields`, else read here)."""
         shard, local = self.locate(index)
-        return self._decode(value, shard, local), int(self.shard(shard).labels[local])
+        image = self._decode(value, shard, local)
+        return self._sample(image, int(self.shard(shard).labels[local]), (shard, local), values)
 
     def source_path(self, index: int) -> str:
         """The sample's file path relative to the folder it was converted from."""
@@ -378,9 +369,12 @@ def open_dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
     opener: ShardOpener = open_local_shard,
+    fields: Sequence[str] | None = None,
 ) -> ImageDataset:
     """Open the imgpack dataset at ``root`` with the map-style reader its manifest names
-    (the manifest is read once). The arguments are :class:`ImageDataset`'s.
+    (the manifest is read once). The arguments are :class:`ImageDataset`'s:
+    ``fields=("txt", "json")`` serves ``(image, label, txt, json)`` (``ds.fields``
+    lists the dataset's fields).
 
     For streaming reads of ``wds`` tars use :class:`readers.WdsStream`, or
     :func:`readers.make_loader` with ``stream=True``.
@@ -392,5 +386,5 @@ def open_dataset(
         )
         manifest = load_manifest(location)
     return DATASETS[manifest.format](
-        manifest, transform, decode_threads, decode, crop, opener=opener
+        manifest, transform, decode_threads, decode, crop, opener=opener, fields=fields
     )

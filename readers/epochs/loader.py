@@ -161,6 +161,7 @@ def make_loader(
     world_size: int | None = None,
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    fields: Sequence[str] | None = None,
     **dataloader_kwargs: Any,
 ) -> Loader:
     """Build a :class:`Loader` for the imgpack dataset at ``path`` (any format).
@@ -196,6 +197,12 @@ def make_loader(
         storage_options, cache_dir: for a URL: fsspec's options, and where map-style
             readers cache the shards they open (:mod:`readers.storage.cache`); the stream reads
             byte ranges and caches nothing.
+        fields: names of the dataset's fields each batch also carries, in this order:
+            batches are then ``(images, labels, *fields)``, int and float fields as
+            tensors, fixed-shape arrays stacked, text, json, bytes and other arrays as lists
+            (:func:`readers.collate`); crops and transforms touch the images only. Pick
+            the samples by their fields with ``readers.open_dataset(path).metadata()`` and
+            pass the ``index`` of the rows kept as ``indices=``.
         **dataloader_kwargs: anything else ``DataLoader`` takes (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``...);
             ``collate_fn`` defaults to :func:`readers.collate`.
@@ -206,12 +213,13 @@ def make_loader(
     placement = Placement.for_loader(distributed, rank, world_size)
     path, indices = _unwrap_subset(path, indices)
     if isinstance(path, ImageDataset):
-        path = with_read_options(path, transform, decode_threads, decode, crop)
-        transform, decode_threads, decode, crop = (
+        path = with_read_options(path, transform, decode_threads, decode, crop, fields)
+        transform, decode_threads, decode, crop, fields = (
             path.transform,
             path.decode_threads,
             path.decode,
             path.crop,
+            path.field_names,
         )
     dataloader_kwargs.setdefault("collate_fn", collate if decode else collate_any)
     source: EpochSampler | WdsStream
@@ -244,6 +252,7 @@ def make_loader(
             batch_size=batch_size,
             drop_last=drop_last,
             placement=placement,
+            fields=fields,
         )
         dataset: Any = source
         sampler = None
@@ -259,6 +268,7 @@ def make_loader(
                 crop=crop,
                 storage_options=storage_options,
                 cache_dir=cache_dir,
+                fields=fields,
             )
         source = sampler = EpochSampler(
             dataset,
@@ -288,29 +298,40 @@ def with_read_options(
     decode_threads: int | None,
     decode: bool,
     crop: Crop | None,
+    fields: Sequence[str] | None = None,
 ) -> ImageDataset:
     """``dataset`` as :func:`make_loader` reads it: with the read options given to
     ``make_loader`` as well as its own, on a new dataset over the same manifest (the one
-    passed is left as it is). Each option is taken from whichever of the two sets it.
+    passed is left as it is). Each option is taken from whichever of the two sets it
+    (``fields``: a dataset opened without ``fields=`` sets none).
 
     Raises:
         ValueError: naming the option that ``make_loader`` and the dataset both set,
             differently; or as :class:`ImageDataset` for ``transform``/``crop`` without
             decoding.
     """
-    given = {"transform": transform, "decode_threads": decode_threads, "crop": crop}
+    given = {
+        "transform": transform,
+        "decode_threads": decode_threads,
+        "crop": crop,
+        "fields": None if fields is None else tuple(fields),
+    }
+    owns = {name: getattr(dataset, name) for name in ("transform", "decode_threads", "crop")}
+    owns.update(fields=dataset.field_names or None, decode=dataset.decode)
     chosen: dict[str, Any] = {}
     for name, value in given.items():
-        own = getattr(dataset, name)
+        own = owns[name]
         if value is not None and own is not None and value is not own and value != own:
-            shown = [repr(v) if isinstance(v, int) else type(v).__name__ for v in (value, own)]
+            shown = [
+                repr(v) if isinstance(v, int | tuple) else type(v).__name__ for v in (value, own)
+            ]
             raise ValueError(
                 f"make_loader({name}={shown[0]}) over a dataset opened with another {name}= "
                 f"({shown[1]}): pass {name}= to one of them"
             )
-        chosen[name] = own if value is None else value
+        chosen[name] = value if own is None else own
     chosen["decode"] = dataset.decode and decode
-    if all(getattr(dataset, name) is value for name, value in chosen.items()):
+    if all(owns[name] is value for name, value in chosen.items()):
         return dataset
     return type(dataset)(dataset.manifest, opener=dataset.opener, **chosen)
 

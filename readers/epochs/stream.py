@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from readers.epochs.order import BlockOrder
 from readers.epochs.placement import Placement, current_worker, visible_world_size
 from readers.epochs.ranges import take, total, wrapped
 from readers.epochs.state import EpochSource, EpochState, require_full_batches
+from readers.fields import FieldSpec
 from readers.formats import RangedWdsShard, ShardReader, open_local_shard
 from readers.images.crop import Crop
 from readers.manifest import Manifest
@@ -74,6 +75,10 @@ class WdsStream(EpochSource, IterableDataset):
         crop: a crop done inside the decode (see :class:`readers.ImageDataset`); random
             crops depend on the seed, epoch and sample index only.
         storage_options: for a URL, passed to fsspec (credentials, ``endpoint_url``...).
+        fields: names of the dataset's fields each sample also carries, in this order:
+            samples are then ``(image, label, *values)`` and, with
+            ``collate_fn=readers.collate``, batches ``(images, labels, *fields)`` (see
+            :class:`readers.ImageDataset`).
 
     Call :meth:`set_epoch` before each epoch (:func:`readers.make_loader` does).
     """
@@ -95,6 +100,7 @@ class WdsStream(EpochSource, IterableDataset):
         decode: bool = True,
         crop: Crop | None = None,
         storage_options: dict[str, Any] | None = None,
+        fields: Sequence[str] | None = None,
     ) -> None:
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be >= 0, not {shuffle_buffer}")
@@ -106,6 +112,7 @@ class WdsStream(EpochSource, IterableDataset):
             crop=crop,
             storage_options=storage_options,
             opener=open_by_ranges,
+            fields=fields,
         )
         self.manifest = self._dataset.manifest
         self.transform = transform
@@ -135,6 +142,11 @@ class WdsStream(EpochSource, IterableDataset):
     @property
     def classes(self) -> list[str]:
         return list(self.manifest.classes)
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]:
+        """The dataset's schema (see :attr:`readers.ImageDataset.fields`)."""
+        return self._dataset.fields
 
     @property
     def num_samples(self) -> int:
@@ -190,7 +202,7 @@ class WdsStream(EpochSource, IterableDataset):
         """Samples this rank yields in the epoch about to start."""
         return self.split().per_rank
 
-    def __iter__(self) -> Iterator[tuple[Any, int]]:
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
         info = current_worker()
         skip = 0
         if info is None:
@@ -216,8 +228,11 @@ class WdsStream(EpochSource, IterableDataset):
         ds = self._dataset
         for group in self._read_ahead(chunks):
             indices = np.concatenate([order.indices(a, b) for a, b in group]).tolist()
-            for index, value in zip(indices, ds.read_stored(indices), strict=True):
-                item = ds.serve(value, index)
+            stored = ds.read_stored(indices)
+            rows = zip(*ds.read_fields(indices), strict=True) if ds.field_names else None
+            fields = [None] * len(indices) if rows is None else list(rows)
+            for index, value, values in zip(indices, stored, fields, strict=True):
+                item = ds.serve(value, index, values)
                 self._yielded += 1  # before the yield: a state taken now counts it
                 yield item
 

@@ -1,0 +1,164 @@
+"""What a map-style dataset reads without decoding: samples as stored
+(:meth:`StoredReads.read_stored`), its schema (:attr:`StoredReads.fields`, issue 30), the
+fields chosen with ``fields=`` (:meth:`StoredReads.read_fields`), every sample's stored image
+size (:attr:`StoredReads.sizes`) and the metadata table (:meth:`StoredReads.metadata`,
+built by :mod:`readers.metadata`).
+
+A mixin of :class:`readers.ImageDataset`, as :mod:`readers.imagefolder` is. Each read goes
+shard by shard in ascending order (:func:`by_shard`); field values come from each shard's
+:attr:`readers.formats.ShardReader.fields` columns, which check them as image bytes are
+checked, and never through the images.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property, partial
+from itertools import groupby
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from readers.batch import Sample
+from readers.fields import FieldSpec
+from readers.formats import ShardReader
+from readers.formats.field_columns import FieldColumn
+from readers.manifest import Manifest
+from readers.spec import DatasetError
+
+if TYPE_CHECKING:
+    import pyarrow
+
+__all__ = ["StoredReads", "by_shard", "chosen_fields"]
+
+
+def chosen_fields(schema: Mapping[str, FieldSpec], fields: Any, where: object) -> tuple[str, ...]:
+    """The names ``fields=`` chooses, checked against ``schema`` (None: none).
+
+    Raises:
+        ValueError: naming ``where`` (the dataset), for a name the schema lacks (listing
+            the names it has), a name given twice, or a lone string.
+    """
+    if fields is None:
+        return ()
+    if isinstance(fields, str | bytes):
+        raise ValueError(f"{where}: fields= takes a sequence of names: fields=({fields!r},)")
+    names = tuple(fields)
+    unknown = [name for name in names if name not in schema]
+    if unknown:
+        have = ", ".join(schema) if schema else "none (a dataset converted without fields)"
+        raise ValueError(f"{where}: no field {unknown[0]!r} in this dataset; its fields: {have}")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"{where}: fields= names {twice[0]!r} twice")
+    return names
+
+
+def by_shard(
+    located: Sequence[tuple[int, int]], read: Callable[[int, list[int]], Sequence[Any]]
+) -> list[Any]:
+    """``read(shard, local indices)`` of the samples ``(shard, local index)`` of each shard
+    in turn, ascending, its values put back in ``located``'s order."""
+    order = sorted(range(len(located)), key=located.__getitem__)
+    values: list[Any] = [None] * len(located)
+    for shard, group in groupby(order, key=lambda row: located[row][0]):
+        rows = list(group)
+        for row, value in zip(rows, read(shard, [located[r][1] for r in rows]), strict=True):
+            values[row] = value
+    return values
+
+
+class StoredReads:
+    """Stored values, fields, sizes and metadata over :attr:`manifest` and the shards of
+    :meth:`shard`; :attr:`field_names` are the fields each sample carries (set by the
+    dataset)."""
+
+    manifest: Manifest
+    field_names: tuple[str, ...] = ()
+
+    def shard(self, index: int) -> ShardReader:
+        raise NotImplementedError
+
+    def locate(self, index: Any) -> tuple[int, int]:
+        raise NotImplementedError
+
+    @property
+    def fields(self) -> Mapping[str, FieldSpec]:
+        """The dataset's schema: field name -> :class:`readers.fields.FieldSpec`, names
+        sorted (empty for a dataset without fields, and one of format version 1)."""
+        return MappingProxyType(self.manifest.fields)
+
+    @property
+    def field_specs(self) -> tuple[FieldSpec, ...]:
+        """The specs of :attr:`field_names`, in their order."""
+        return tuple(self.manifest.fields[name] for name in self.field_names)
+
+    @cached_property
+    def sizes(self) -> np.ndarray:
+        """int64 ``[N, 2]``: every sample's stored (height, width), in index order, from
+        the sizes the shards record (version 1 shards: from their images' headers). Read
+        once per dataset object, on first use; every shard is opened."""
+        shards = [self.shard(k).sizes() for k in range(len(self.manifest.shards))]
+        if not shards:
+            return np.empty((0, 2), dtype=np.int64)
+        return np.ascontiguousarray(np.concatenate(shards), dtype=np.int64)
+
+    def metadata(self, columns: Sequence[str] | None = None) -> pyarrow.Table:
+        """A ``pyarrow.Table`` of every sample's ``index``, ``label``, ``height``, ``width``
+        and its text, json, int and float fields (``columns``: only these), read from the
+        shards' columns without reading an image: filter it, and pass the ``index`` of the
+        rows kept to ``readers.make_loader(path, indices=...)``. See
+        :func:`readers.metadata.metadata_table`."""
+        from readers.metadata import metadata_table
+
+        return metadata_table(self, columns)
+
+    def stored(self, index: int) -> bytes | memoryview | np.ndarray:
+        """Sample ``index`` as stored, without decoding: the encoded bytes (a memoryview of
+        mmap'd pages for ``pt``) or, for ``raw``, the uint8 ``[H, W, 3]`` pixel array."""
+        shard, local = self.locate(index)
+        return self.shard(shard).read(local)
+
+    def read_stored(self, indices: Sequence[int]) -> list[bytes | memoryview | np.ndarray]:
+        """Samples ``indices`` as :meth:`stored` gives each, in that order, read shard by
+        shard in ascending order: one round of merged range requests per shard for a
+        remote ``wds`` dataset read by byte ranges (what :class:`readers.WdsStream` does).
+        The images only: :meth:`read_fields` reads the fields."""
+        return self._read_located([self.locate(i) for i in indices])
+
+    def _read_located(self, located: Sequence[tuple[int, int]]) -> list[Any]:
+        """:meth:`read_stored` of the samples ``(shard, local index)``."""
+        return by_shard(located, lambda shard, local: self.shard(shard).read_many(local))
+
+    def read_fields(self, indices: Sequence[int]) -> tuple[list[Any], ...]:
+        """The values of :attr:`field_names` of samples ``indices``: one list per field, in
+        ``indices``' order (None where a sample has no value), read shard by shard."""
+        return self._fields_of([self.locate(i) for i in indices])
+
+    def _fields_of(self, located: Sequence[tuple[int, int]]) -> tuple[list[Any], ...]:
+        """:meth:`read_fields` of the samples ``(shard, local index)``."""
+        return tuple(
+            by_shard(located, partial(self._field_values, name)) for name in self.field_names
+        )
+
+    def _field_values(self, name: str, shard: int, local: list[int]) -> list[Any]:
+        """Field ``name``'s values of samples ``local`` of ``shard``, checked."""
+        column: FieldColumn | None = self.shard(shard).fields.get(name)
+        if column is None:
+            raise DatasetError(
+                f"{self.manifest.location.where(self.manifest.shards[shard].path)}: shard "
+                f"{shard} holds no field {name!r}, which the manifest lists"
+            )
+        return column.values(local)
+
+    def _sample(
+        self, image: Any, label: int, located: tuple[int, int], values: Sequence[Any] | None
+    ) -> tuple[Any, ...]:
+        """``(image, label)``, or with :attr:`field_names` a :class:`readers.Sample` with
+        their ``values`` (read here when None)."""
+        if not self.field_names:
+            return image, label
+        if values is None:
+            values = [column[0] for column in self._fields_of([located])]
+        return Sample((image, label, *values), self.field_specs)
