@@ -351,3 +351,22 @@ def test_the_field_tools_on_a_dataset_in_a_bucket(datasets, edited_tars, fmt, tm
     assert result.exit_code == 1, result.output
     (mismatch,) = json.loads(result.output)["field_mismatches"]
     assert (mismatch["index_a"], mismatch["field"]) == (EDITED, "txt")
+
+
+V1 = Path(__file__).parent / "fixtures" / "v1"  # datasets written by imgpack 0.2.0
+
+
+@pytest.mark.parametrize("fmt", spec.FORMATS)
+def test_the_tools_read_a_version_1_dataset_as_one_without_fields(fmt, tmp_path):
+    root = V1 / fmt
+    info = imgpack("info", root)
+    assert info.exit_code == 0, info.output
+    assert "(format version 1," in info.output and "fields     none" in info.output
+    shown = imgpack("inspect", root, "--json")
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output)["fields"] == {}
+    again = tmp_path / "v2"
+    convert(root, again, "pt")  # a version 2 copy, of the same samples, without fields
+    report = diff_datasets(root, again, progress=False)
+    assert report.equivalent and not report.schema_differences, report.summary()
+    assert imgpack("verify", "--deep", root).exit_code == 0
