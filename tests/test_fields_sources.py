@@ -269,6 +269,18 @@ def test_parquet_fields_choose_and_a_multi_label_label_is_refused(tmp_path):
         records(src, label_key="tags")
 
 
+def test_a_parquet_column_that_cannot_name_a_field_is_refused_naming_it(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "a.parquet"
+    image = [{"bytes": PHOTOS[0].read_bytes(), "path": "a.jpg"}]
+    pq.write_table(pa.table({"image": image, "my caption": ["x"]}), src)
+    with pytest.raises(ValueError, match=r"a\.parquet: column: 'my caption' cannot name a"):
+        records(src)
+    assert records(src, fields=())[0] == {}
+
+
 def test_parquet_files_whose_field_kinds_differ_name_both_kinds(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -295,6 +307,7 @@ def sidecar_folder(root: Path) -> Path:
         if n != 4:
             (folder / f"{n:03d}.json").write_text(json.dumps({"n": n, "ok": True}))
         (folder / "notes.txt").write_text("not a sidecar")
+    (src / "cat" / "000.txt~").write_text("an editor's backup: no field can be named txt~")
     return src
 
 

@@ -7,7 +7,9 @@ image extension: ``x.jpg`` + ``x.txt``, ``x.json``, ``x.caption.txt`` (img2datas
 ``files`` layout); the field is named by that extension (``txt``, ``json``,
 ``caption.txt``) and its kind comes from it as for a WebDataset member
 (:func:`readers.fields.extension_kind`). A name matching two images' stems (``a.b.txt``
-beside ``a.jpg`` and ``a.b.jpg``) belongs to the longer one. Sidecars are never samples:
+beside ``a.jpg`` and ``a.b.jpg``) belongs to the longer one; an extension that cannot name
+a field (``x.txt~``, :func:`readers.fields.check_name`) makes no sidecar: the file is
+ignored, as every other non-image file always was. Sidecars are never samples:
 the scan takes only image extensions, and the class folders stay the sub-folders. Each
 folder holding samples is listed once more to find them; ``--no-fields`` skips that.
 """
@@ -27,7 +29,7 @@ from convert.samples import Sample, SampleTable
 from convert.scan import IMG_EXTENSIONS, Scan
 from convert.sources.base import select_fields
 from convert.sources.metadata import FieldTable, Metadata
-from readers.fields import FieldSpec, extension_kind
+from readers.fields import FieldSpec, check_name, extension_kind
 
 __all__ = ["Sidecars", "folder_fields"]
 
@@ -74,10 +76,19 @@ def _sidecars_in(folder: Path) -> dict[str, list[str]]:
         end = len(name)
         while (dot := name.rfind(".", 0, end)) > 0:  # the longest stem first
             if name[:dot] in stems:
-                found.setdefault(name[:dot], []).append(name[dot + 1 :])
+                if _can_name(name[dot + 1 :]):
+                    found.setdefault(name[:dot], []).append(name[dot + 1 :])
                 break
             end = dot
     return found
+
+
+def _can_name(extension: str) -> bool:
+    try:
+        check_name(extension, "sidecar")
+    except ValueError:
+        return False
+    return True
 
 
 def folder_fields(
@@ -98,6 +109,8 @@ def folder_fields(
             )
         found[name] = field_spec
     fields = select_fields(str(root), found, options)
+    for name in fields:
+        check_name(name, f"{options.metadata}: column")  # a sidecar's is checked already
     problems = list(scan.problems)
     table = _table(scan.samples, fields, sidecars, metadata, problems, owner)
     if table is None:
