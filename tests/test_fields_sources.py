@@ -472,16 +472,21 @@ def test_parquet_column_kinds_and_canonical_bytes_match_encode():
         "list": pa.array([[1, 2], [], None]),
         "struct": pa.array([{"a": "ü", "b": 1.5}, None, {"a": None, "b": 2.0}]),
         "date": pa.array([datetime.date(2026, 12, 4), None, datetime.date(1970, 1, 1)]),
+        "mask": pa.array(
+            [{"bytes": b"\x89PNG", "path": "m.png"}, None, {"bytes": None, "path": "x"}]
+        ),
     }
     kinds = {name: field_kind(column.type) for name, column in columns.items()}
     assert kinds == {
         "text": "text", "large": "text", "cat": "text", "int": "int", "small": "int",
         "bool": "int", "float": "float", "f32": "float", "bytes": "bytes", "list": "json",
-        "struct": "json", "date": "text",
+        "struct": "json", "date": "text", "mask": "bytes",
     }  # fmt: skip
     for name, column in columns.items():
         got = canonical_column(column, kinds[name], name)
         values = column.cast(pa.string()).to_pylist() if name == "date" else column.to_pylist()
+        if name == "mask":
+            values = [None if v is None else v["bytes"] for v in values]
         assert got == [encode(kinds[name], v, name) for v in values], name
 
 

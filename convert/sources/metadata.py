@@ -37,6 +37,7 @@ PATH_COLUMN = "path"
 _INT = re.compile(r"\s*[-+]?\d+\s*")
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+_ONE_A_LINE = " (JSON lines: one object a line, with its 'path')"
 
 
 @dataclass(frozen=True)
@@ -142,9 +143,9 @@ def _json_lines(path: Path) -> Metadata:
             try:
                 row = json.loads(line)
             except ValueError as e:
-                raise ValueError(f"{path}: {place}: not a JSON object: {e}") from None
+                raise ValueError(f"{path}: {place}: not a JSON object: {e}{_ONE_A_LINE}") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}: {place}: not a JSON object")
+                raise ValueError(f"{path}: {place}: not a JSON object{_ONE_A_LINE}")
             places.append(place)
             paths.append(_row_path(path, place, row.get(PATH_COLUMN)))
             rows.append(row)

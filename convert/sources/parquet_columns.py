@@ -6,8 +6,10 @@ types; the label columns a single-label dataset cannot use refused in one line.
 Every other column is a field, its kind from its Arrow type (:func:`field_kind`): strings
 text, integers and booleans int, floats float, binary bytes, lists, structs and maps json
 (a ``Sequence(ClassLabel)`` column a json list of class numbers, its class names kept in
-the :class:`~readers.fields.FieldSpec`), anything else (dates, decimals) text, as pyarrow
-prints it. :func:`canonical_column` makes a row group's column canonical bytes at once,
+the :class:`~readers.fields.FieldSpec`), a second image column (a ``{bytes, path}``
+struct: an ``Image`` or ``Audio`` feature) bytes, its ``bytes`` (missing where a row keeps
+only a path), anything else (dates, decimals) text, as pyarrow prints it.
+:func:`canonical_column` makes a row group's column canonical bytes at once,
 through Arrow's casts where they give the canonical text (strings, integers).
 """
 
@@ -89,7 +91,7 @@ def field_kind(kind: Any) -> str:
         return "float"
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
         return "bytes"
-    if pa.types.is_fixed_size_binary(kind):
+    if pa.types.is_fixed_size_binary(kind) or _is_media(kind):
         return "bytes"
     if pa.types.is_nested(kind) or pa.types.is_null(kind):
         return "json"
@@ -103,6 +105,10 @@ def canonical_column(column: Any, kind: str, where: str) -> list[bytes | None]:
 
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
+    if kind == "bytes" and _is_media(column.type):
+        import pyarrow.compute as pc
+
+        column = pc.struct_field(column, "bytes")  # a second Image (or Audio): its bytes
     if kind == "text" and not (
         pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
     ):
@@ -120,6 +126,16 @@ def canonical_column(column: Any, kind: str, where: str) -> list[bytes | None]:
         dumps = _JSON.encode
         return [None if v is None else dumps(v).encode("utf-8") for v in column.to_pylist()]
     return [encode(kind, value, where) for value in column.to_pylist()]
+
+
+def _is_media(kind: Any) -> bool:
+    """True for a ``{bytes, path}`` struct: how ``datasets`` stores an Image or Audio."""
+    import pyarrow as pa
+
+    if not pa.types.is_struct(kind) or kind.get_field_index("bytes") < 0:
+        return False
+    inner = kind.field("bytes").type
+    return pa.types.is_binary(inner) or pa.types.is_large_binary(inner)
 
 
 def _class_names(feature: Any) -> tuple[str, ...] | None:
