@@ -25,6 +25,7 @@ from readers.fields import decode
 from readers.formats import open_local_shard
 from readers.manifest import load_manifest
 from tests.conftest import SAMPLE_DATA
+from tests.test_object_storage import BUCKET, s3_server  # noqa: F401 (the fixture)
 
 PHOTOS = sorted(SAMPLE_DATA.rglob("*.jpg"))[:6]
 CAPTIONS = [f"Ein Foto Nr. {n}: größer als 1\nzweite Zeile «ok» 写真" for n in range(len(PHOTOS))]
@@ -514,3 +515,24 @@ def test_metadata_from_the_command_line(tmp_path):
     plain = CliRunner().invoke(main, [*args[:2], str(tmp_path / "plain"), *args[3:], "--no-fields"])
     assert plain.exit_code == 0, plain.output
     assert load_manifest(tmp_path / "plain").fields == {}
+
+
+@pytest.mark.usefixtures("s3_server")
+def test_parquet_and_imgpack_fields_from_a_bucket(tmp_path):
+    from readers.storage.remote import RemoteFolder
+
+    bucket = RemoteFolder(f"s3://{BUCKET}/fields")
+    bucket.upload(hub_parquet(tmp_path / "hub"), "train.parquet")
+    dst = tmp_path / "from_parquet"
+    convert(f"s3://{BUCKET}/fields/train.parquet", dst, "wds")
+    schema, samples = stored(dst)
+    assert [s["caption"] for s in samples] == CAPTIONS and [s["tags"] for s in samples] == TAGS
+    dataset = RemoteFolder(f"s3://{BUCKET}/fields/dataset")
+    for path in sorted(p for p in dst.rglob("*") if p.is_file()):
+        dataset.upload(path, path.relative_to(dst).as_posix())
+    again = tmp_path / "again"
+    convert(f"s3://{BUCKET}/fields/dataset", again, "hdf5")
+    schema, samples = stored(again)
+    assert schema["tags"].names == tuple(TAG_NAMES)
+    assert [s["caption"] for s in samples] == CAPTIONS
+    assert [s["score"] for s in samples] == [0.5 + n for n in range(len(PHOTOS))]
