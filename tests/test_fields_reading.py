@@ -359,3 +359,52 @@ def test_fields_read_from_object_storage(dataset, tmp_path):
         url, 2, stream=True, shuffle=False, fields=("txt", "json"), crop=CROP, num_workers=1
     )
     check_aligned(list(streamed), crop_ds)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+@pytest.mark.parametrize("fmt", spec.FORMATS)
+def test_a_damaged_field_value_names_the_sample_and_field_on_every_path(tmp_path, fmt):
+    src = img2dataset_shards(tmp_path / "src")
+    dst = tmp_path / "dst"
+    convert(src, dst, fmt, on_error="fail", **ENCODINGS["jpeg"])
+    ds = readers.open_dataset(dst, fields=("json", "txt"))
+    i = next(i for i in range(N) if number(ds, i) == 1)
+    shard, local = ds.locate(i)
+    path = ds.manifest.shard_path(shard)
+    data = path.read_bytes()
+    assert data.count(b"Foto Nr. 1:") == 1  # the caption's stored bytes
+    path.write_bytes(data.replace(b"Foto Nr. 1:", b"Foto Nr. 9:"))
+
+    named = rf"{path.name}\[{local}\]: field 'txt': stored bytes fail their CRC-32"
+    ds = readers.open_dataset(dst, fields=("json", "txt"))
+    with pytest.raises(readers.DatasetError, match=named):
+        ds[i]
+    with pytest.raises(readers.DatasetError, match=named):
+        ds.__getitems__([0, i])
+    with pytest.raises(readers.DatasetError, match=named):
+        ds.metadata()
+    loader = readers.make_loader(dst, 2, fields=("txt",), crop=CROP, num_workers=1)
+    with pytest.raises(readers.DatasetError, match=named):
+        list(loader)
+    if fmt == "wds":
+        stream = readers.WdsStream(dst, shuffle_buffer=0, fields=("txt",))
+        with pytest.raises(readers.DatasetError, match=named):
+            list(stream)
+    # what is not asked for is not read: the images and the json are whole
+    plain = readers.open_dataset(dst)
+    assert [plain[k][1] for k in range(N)] == [-1] * N
+    assert readers.open_dataset(dst, fields=("json",))[i][2] == meta(1)
+    assert ds.metadata(columns=("json",))["json"].null_count == 0
+
+
+def test_a_field_named_like_a_base_column_keeps_both(tmp_path):
+    src = sidecar_folder(tmp_path)
+    csv = tmp_path / "meta.csv"
+    csv.write_text("path,width\ncat/000.jpg,640\ndog/005.jpg,320\n", encoding="utf-8")
+    convert(src, tmp_path / "dst", "pt", on_error="fail", metadata=str(csv), **ENCODINGS["jpeg"])
+    ds = readers.open_dataset(tmp_path / "dst")
+    table = ds.metadata()
+    assert table.column_names == ["index", "label", "height", "width", "json", "txt", "field:width"]
+    assert table["width"].to_pylist() == ds.sizes[:, 1].tolist()
+    widths = {0: 640, 5: 320}
+    assert table["field:width"].to_pylist() == [widths.get(number(ds, i)) for i in range(N)]
