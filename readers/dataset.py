@@ -150,7 +150,7 @@ class ImageDataset(StoredReads, ImageFolderAttributes, Dataset):
     def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
         """Fetch a whole batch into one tensor: a gather for raw pixels of one shape, JPEGs
         of one size by the kernel (:mod:`readers.images.whole`), else a threaded decode.
-        Images of differing shapes come back as a list."""
+        Images of differing shapes come back as a list; the fields chosen ride beside."""
         located = [self.locate(i) for i in indices]
         labels = torch.tensor([int(self.shard(s).labels[k]) for s, k in located])
         fields = self._fields_of(located)
