@@ -326,6 +326,8 @@ def test_sidecars_become_fields_and_stay_out_of_the_samples(tmp_path):
         None if n == 4 else {"n": n, "ok": True} for n in range(len(PHOTOS))
     ]
     assert records(src, fields=())[0] == {}
+    schema, prepared = records(src, unlabeled=True)  # img2dataset's files layout: 00000/...
+    assert [values_of(schema, p)["txt"] for p in prepared] == CAPTIONS
 
 
 def test_a_sidecar_json_that_does_not_parse_is_that_samples_error(tmp_path):
