@@ -408,3 +408,17 @@ def test_a_field_named_like_a_base_column_keeps_both(tmp_path):
     assert table["width"].to_pylist() == ds.sizes[:, 1].tolist()
     widths = {0: 640, 5: 320}
     assert table["field:width"].to_pylist() == [widths.get(number(ds, i)) for i in range(N)]
+
+
+def test_the_device_prefetcher_carries_fields(dataset):
+    ds = readers.open_dataset(dataset("folder", "pt"), fields=("views", "note"), crop=CROP)
+    loader = readers.make_loader(ds, 2, shuffle=False)
+    fed = list(readers.DevicePrefetcher(loader, "cpu"))
+    plain = list(loader)
+    assert len(fed) == len(plain) > 0
+    for (images, labels, views, note), (raw, raw_labels, raw_views, raw_note) in zip(
+        fed, plain, strict=True
+    ):
+        assert images.dtype == torch.float32 and images.mul(255).round().byte().equal(raw)
+        assert labels.equal(raw_labels) and note == raw_note
+        assert views.equal(raw_views) if isinstance(views, torch.Tensor) else views == raw_views

@@ -27,15 +27,18 @@ __all__ = ["DevicePrefetcher"]
 
 log = logging.getLogger(__name__)
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch = tuple[Any, ...]  # (images, labels, *fields)
 
 
 class DevicePrefetcher:
-    """Iterate ``(images, labels)`` batches on ``device``, the next one already copying.
+    """Iterate ``(images, labels, *fields)`` batches on ``device``, the next one already
+    copying.
 
     Args:
-        batches: any iterable of ``(uint8 [B, 3, H, W], labels)``, e.g. a DataLoader with
-            ``pin_memory=True`` (a pageable batch's copy cannot overlap anything).
+        batches: any iterable of ``(uint8 [B, 3, H, W], labels, *fields)``, e.g. a
+            DataLoader with ``pin_memory=True`` (a pageable batch's copy cannot overlap
+            anything). Fields batched as tensors (int, float, fixed-shape arrays) are
+            copied to the device too; lists (captions, json) are passed as they are.
         device: default ``cuda`` when available, else ``cpu``.
         mean, std: per-channel, on the 0-1 scale (``(0.485, 0.456, 0.406)`` ...);
             ``None`` only scales to 0-1.
@@ -91,10 +94,17 @@ class DevicePrefetcher:
             return self.prepare(torch.stack(decoded))
         return [self.prepare(i[None])[0] for i in decoded]
 
+    def _on_device(self, batch: Batch) -> Batch:
+        images, *rest = batch
+        moved = (
+            r.to(self.device, non_blocking=True) if isinstance(r, torch.Tensor) else r for r in rest
+        )
+        return (self._images(images), *moved)
+
     def __iter__(self) -> Iterator[Batch]:
         if self.device.type != "cuda":
-            for images, labels in self.batches:
-                yield self._images(images), labels.to(self.device)
+            for batch in self.batches:
+                yield self._on_device(batch)
             return
         side = torch.cuda.Stream(self.device)
         batches = iter(self.batches)
@@ -102,19 +112,20 @@ class DevicePrefetcher:
         while ahead is not None:
             training = torch.cuda.current_stream(self.device)
             training.wait_stream(side)  # the copy and conversion of this batch are done
-            images, labels = ahead
-            for tensor in (*(images if isinstance(images, list) else [images]), labels):
-                tensor.record_stream(training)  # allocated on `side`, used on `training`
+            images, *rest = batch = ahead
+            for tensor in (*(images if isinstance(images, list) else [images]), *rest):
+                if isinstance(tensor, torch.Tensor):  # allocated on `side`, used on `training`
+                    tensor.record_stream(training)
             ahead = self._copy(batches, side)
-            yield images, labels
+            yield batch
 
     def _copy(self, batches: Iterator[Batch], side: Any) -> Batch | None:
         try:
-            images, labels = next(batches)
+            batch = next(batches)
         except StopIteration:
             return None
         with torch.cuda.stream(side):
-            return self._images(images), labels.to(self.device, non_blocking=True)
+            return self._on_device(batch)
 
 
 @cache

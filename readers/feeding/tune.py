@@ -126,7 +126,7 @@ def _timed(batches: Iterator[Any], seconds: float, step_s: float) -> tuple[int, 
     start = time.perf_counter()
     while count < 5 or time.perf_counter() - start < seconds:
         asked = time.perf_counter()
-        _images, labels = next(batches)
+        _images, labels, *_fields = next(batches)
         waited += time.perf_counter() - asked
         samples, count = samples + len(labels), count + 1
         if step_s:
