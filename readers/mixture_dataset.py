@@ -1,0 +1,273 @@
+"""Several datasets read as one weighted mixture: ``make_mixture_loader({name: path}, ...)``.
+
+The order (which sample of which source each position of an epoch names, with exact
+shares) is :mod:`readers.epochs.mixture`; the dealing, ``set_epoch`` and elastic resume are
+the single dataset's (:class:`readers.EpochSampler` and :class:`readers.Loader`), the
+sampler handing out indices of the sources laid end to end (:class:`MixtureDataset`).
+Batches are ``(images, labels, sources)``, ``sources`` an int64 tensor indexing
+``loader.sources``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from itertools import accumulate
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from readers.batch import SampleBatch, new_batch
+from readers.batch_pool import hand_over
+from readers.dataset import ImageDataset, open_dataset
+from readers.epochs.loader import Loader, with_read_options
+from readers.epochs.mixture import Mixture, MixtureOrder, MixtureSource, WeightsArg, make_schedule
+from readers.epochs.placement import Placement
+from readers.epochs.sampler import EpochSampler
+from readers.epochs.state import EpochState
+from readers.images.crop import Crop
+
+__all__ = [
+    "MixtureBatch",
+    "MixtureDataset",
+    "MixtureLoader",
+    "make_mixture_loader",
+    "mixture_collate",
+]
+
+
+class MixtureBatch(SampleBatch):
+    """A :class:`SampleBatch` that also says each sample's source (its index in the names)."""
+
+    def __init__(self, images: Any, labels: torch.Tensor, sources: torch.Tensor) -> None:
+        super().__init__(images, labels)
+        self.sources = sources
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self.images[i], int(self.labels[i]), int(self.sources[i])
+
+
+class MixtureDataset(Dataset):
+    """The sources laid end to end: index ``offset[k] + i`` is sample ``i`` of source ``k``,
+    served as ``(image, label, k)``; a batch reads each source's samples in one call."""
+
+    def __init__(self, datasets: Mapping[str, ImageDataset]) -> None:
+        self.datasets = dict(datasets)
+        self.names = tuple(self.datasets)
+        self.offsets = np.asarray([0, *accumulate(len(d) for d in self.datasets.values())])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def _split(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        source = np.searchsorted(self.offsets[1:], index, side="right")
+        return source, index - self.offsets[source]
+
+    def __getitem__(self, index: int) -> tuple[Any, int, int]:
+        source, local = self._split(np.asarray([index]))
+        image, label = self.datasets[self.names[int(source[0])]][int(local[0])][:2]
+        return image, label, int(source[0])
+
+    def __getitems__(self, indices: Sequence[int]) -> MixtureBatch:
+        source, local = self._split(np.asarray(indices, np.int64))
+        labels = torch.empty(len(source), dtype=torch.int64)
+        images: Any = None
+        for k in np.unique(source).tolist():
+            rows = np.flatnonzero(source == k)
+            part = self.datasets[self.names[k]].__getitems__(local[rows].tolist())
+            labels[rows] = part.labels
+            if isinstance(part.images, torch.Tensor) and not isinstance(images, list):
+                if images is None:
+                    images = new_batch((len(source), *part.images.shape[1:]), torch.uint8)
+                images[torch.from_numpy(rows)] = part.images
+            else:
+                images = _as_list(images, len(source))
+                for row, image in zip(rows.tolist(), part.images, strict=True):
+                    images[row] = image
+        return MixtureBatch(images, labels, torch.from_numpy(source.astype(np.int64)))
+
+    def set_epoch(self, epoch: int) -> None:
+        for dataset in self.datasets.values():
+            dataset.set_epoch(epoch)
+
+
+def _as_list(images: Any, n: int) -> list[Any]:
+    if isinstance(images, list):
+        return images
+    return [None] * n if images is None else list(images)
+
+
+def mixture_collate(batch: Any) -> Any:
+    """``(images, labels, sources)`` of a :class:`MixtureBatch` (through a worker's shared
+    batch pool when the images lie there), or of a list of ``(image, label, source)``."""
+    if isinstance(batch, MixtureBatch):
+        images, labels, sources = batch.images, batch.labels, batch.sources
+        if isinstance(images, torch.Tensor):
+            return hand_over(images, labels, (sources,)) or (images, labels, sources)
+        return images, labels, sources
+    images = [item[0] for item in batch]
+    labels = torch.tensor([int(item[1]) for item in batch])
+    sources = torch.tensor([int(item[2]) for item in batch])
+    if len({tuple(i.shape) for i in images}) == 1:
+        return torch.stack(images), labels, sources
+    return images, labels, sources
+
+
+class MixtureSampler(EpochSampler):
+    """:class:`EpochSampler` over a mixture's ``epoch_size`` positions, each mapped by
+    :class:`MixtureOrder` to an index of the :class:`MixtureDataset`."""
+
+    orders = ("mixture",)
+
+    def __init__(self, dataset: MixtureDataset, mixture: Mixture, **kwargs: Any) -> None:
+        super().__init__(mixture.epoch_size, shuffle=True, seed=mixture.seed, **kwargs)
+        self.mixture = mixture
+        self._offsets = dataset.offsets
+        self._dataset_set_epoch = dataset.set_epoch
+
+    def _epoch_order(self, state: EpochState) -> _GlobalOrder:
+        return _GlobalOrder(self.mixture.order(state.epoch), self._offsets)
+
+
+class _GlobalOrder:
+    """A :class:`MixtureOrder` giving indices of the sources laid end to end."""
+
+    def __init__(self, order: MixtureOrder, offsets: np.ndarray) -> None:
+        self.order, self.offsets = order, offsets
+
+    def indices(self, positions: np.ndarray) -> np.ndarray:
+        source, sample = self.order.locate(positions)
+        return self.offsets[source] + sample
+
+
+class MixtureLoader(Loader):
+    """A :class:`Loader` over a mixture: ``sources`` (the names, as batches index them),
+    ``classes[name]``, and a state that also records the mixture (O(schedule steps))."""
+
+    source: MixtureSampler
+
+    def __init__(self, sampler: MixtureSampler, make_dataloader: Any, reweight: bool) -> None:
+        super().__init__(sampler, make_dataloader)
+        self.reweight = reweight
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.source.mixture.names
+
+    @property
+    def classes(self) -> dict[str, list[str]]:
+        return {name: list(d.classes) for name, d in self.dataset.datasets.items()}
+
+    @property
+    def mixture(self) -> Mixture:
+        return self.source.mixture
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "mixture": self.source.mixture.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (any world size); a state of another mixture is a
+        ``ValueError`` naming the difference (other weights: unless ``reweight=True``)."""
+        if not isinstance(state, dict) or "mixture" not in state:
+            raise ValueError("loader state records no mixture: it is a single dataset's")
+        epoch_state = self.source.loaded_state(state)
+        self.source.mixture = self.source.mixture.resumed(
+            state["mixture"], epoch_state.epoch, epoch_state.fresh, self.reweight
+        )
+        super().load_state_dict(state)
+
+
+def make_mixture_loader(
+    paths: Mapping[str, str | os.PathLike[str] | ImageDataset],
+    batch_size: int,
+    *,
+    weights: WeightsArg = None,
+    epoch_size: int | None = None,
+    stratify: bool = False,
+    reweight: bool = False,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_workers: int = 0,
+    distributed: bool | None = None,
+    drop_last: bool = False,
+    crop: Crop | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    **dataloader_kwargs: Any,
+) -> MixtureLoader:
+    """A :class:`MixtureLoader` over the datasets ``paths`` names (folders, URLs or opened
+    datasets, any format), by :mod:`readers.epochs.mixture`'s exact shares.
+
+    Args:
+        weights: ``{name: weight}``, or ``[(first epoch, {name: weight}), ...]`` steps;
+            default the sources' lengths.
+        epoch_size: slots an epoch has; default the sources' total length.
+        stratify: every batch holds each source's share (see :mod:`readers.epochs.mixture`).
+        reweight: let :meth:`MixtureLoader.load_state_dict` take a state saved with other
+            weights: these apply from its position on (its epoch if fresh, else the next).
+        The rest: as :func:`readers.make_loader`.
+
+    Raises:
+        ValueError: sources whose images cannot form one batch (different sizes after
+            ``crop=``), naming each with its size; weights that name other sources.
+    """
+    if not paths:
+        raise ValueError("a mixture needs at least one source")
+    placement = Placement.for_loader(distributed, rank, world_size)
+    datasets = {
+        str(name): with_read_options(p, None, None, True, crop)
+        if isinstance(p, ImageDataset)
+        else open_dataset(p, crop=crop, storage_options=storage_options, cache_dir=cache_dir)
+        for name, p in paths.items()
+    }
+    _require_one_shape(datasets)
+    sources = tuple(
+        MixtureSource(name, len(d), d.manifest.content_sha256) for name, d in datasets.items()
+    )
+    if not all(s.samples for s in sources):
+        raise ValueError(
+            f"mixture sources with no sample: {[s.name for s in sources if not s.samples]}"
+        )
+    size = sum(s.samples for s in sources) if epoch_size is None else int(epoch_size)
+    if size < 1:
+        raise ValueError(f"epoch_size={epoch_size!r}: at least 1")
+    mixture = Mixture(sources, make_schedule(weights, sources), size, seed, stratify, shuffle)
+    dataset = MixtureDataset(datasets)
+    sampler = MixtureSampler(
+        dataset, mixture, drop_last=drop_last, batch_size=batch_size, placement=placement
+    )
+    dataloader_kwargs.setdefault("collate_fn", mixture_collate)
+
+    def make_dataloader() -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=num_workers,
+            **dataloader_kwargs,
+        )
+
+    return MixtureLoader(sampler, make_dataloader, reweight)
+
+
+def _require_one_shape(datasets: Mapping[str, ImageDataset]) -> None:
+    """Refuse sources whose images cannot be stacked in one batch, naming each's size."""
+    shapes = {name: _shape(d) for name, d in datasets.items()}
+    if len(set(shapes.values())) > 1:
+        shown = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+        raise ValueError(
+            f"mixture sources whose images cannot form one batch: {shown}; pass crop= "
+            "(readers.CenterCrop or RandomResizedCrop) to give them one size"
+        )
+
+
+def _shape(dataset: ImageDataset) -> str:
+    """A dataset's image size as served: the crop's, the stored one, or "various"."""
+    if dataset.crop is not None:
+        return "{}x{}".format(*dataset.crop.size)
+    sizes = np.unique(dataset.sizes, axis=0) if len(dataset) else np.empty((0, 2))
+    return "{}x{}".format(*sizes[0]) if len(sizes) == 1 else "various sizes"
