@@ -33,7 +33,7 @@ import numpy as np
 
 from readers.fields import SCALAR_KINDS, FieldSpec
 from readers.formats import ShardReader
-from readers.formats.field_columns import FieldColumn
+from readers.formats.field_columns import BlobColumn, FieldColumn
 from readers.manifest import Manifest
 from readers.spec import DatasetError
 
@@ -159,5 +159,13 @@ def _scalar_column(pa: Any, parts: Sequence[Any], kind: str) -> Any:
 def _text_chunk(pa: Any, column: FieldColumn) -> Any:
     """A text or json field of one shard as a string array (json: its canonical text), from
     the canonical bytes of all its samples (None: null), checked as UTF-8 by the cast."""
-    raw = column.raw(range(len(column.valid)))
-    return pa.array(raw, type=pa.binary()).cast(pa.string())
+    whole = column.whole() if isinstance(column, BlobColumn) else None
+    if whole is None:  # values that are not back to back (wds members): one at a time
+        raw = column.raw(range(len(column.valid)))
+        return pa.array(raw, type=pa.binary()).cast(pa.string())
+    data, offsets = whole
+    nulls = pa.array(column.valid == 0).buffers()[1] if not column.valid.all() else None
+    values = pa.Array.from_buffers(
+        pa.large_binary(), len(column.valid), [nulls, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+    return values.cast(pa.large_string()).cast(pa.string())

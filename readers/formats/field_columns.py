@@ -15,6 +15,7 @@ from __future__ import annotations
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,31 @@ class BlobColumn(FieldColumn):
         if not (len(starts) == len(stops) == len(crcs) == n) or (stops < starts).any():
             raise DatasetError(f"{where}: field {name!r}: its columns disagree ({n} samples)")
         self._fetch, self._starts, self._stops, self._crcs = fetch, starts, stops, crcs
+        self.packed: np.ndarray | Any = None  # the data part, where values lie back to back
+
+    def whole(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(data, offsets)``: every value's bytes back to back (value ``i`` is
+        ``data[offsets[i]:offsets[i + 1]]``, empty where missing), each checked against
+        its CRC-32; None where the format does not keep them so (wds: tar members). What a
+        whole-column read (``ds.metadata()``) takes, without a Python object per value."""
+        if self.packed is None:
+            return None
+        offsets = (
+            np.append(self._starts, self._stops[-1:])
+            if len(self._starts)
+            else np.zeros(1, np.int64)
+        )
+        data = np.asarray(self.packed[int(offsets[0]) : int(offsets[-1])], dtype=np.uint8)
+        relative = offsets - offsets[0]
+        # zlib over slices of one bytes copy: a third of the cost of memoryview slices
+        copy = data.tobytes()
+        actual = np.array([zlib.crc32(copy[a:b]) for a, b in pairwise(relative.tolist())])
+        del copy
+        bad = np.flatnonzero((actual != self._crcs) & (self.valid != 0))
+        if len(bad):
+            i = int(bad[0])
+            raise self._bad(i, "stored bytes fail their CRC-32: damaged since the conversion")
+        return data, relative
 
     def raw(self, indices: Sequence[int]) -> list[bytes | None]:
         present = [i for i in indices if self.valid[i]]
@@ -197,7 +223,9 @@ def open_columns(
             starts, blob = offsets, fetch
             stops = offsets + part(name, FIELD_SIZES).astype(np.int64, copy=False)
         crcs = part(name, FIELD_CRCS)
-        columns[name] = BlobColumn(name, field_spec, where, blob, starts, stops, crcs, valid)
+        column = BlobColumn(name, field_spec, where, blob, starts, stops, crcs, valid)
+        column.packed = data if fetch is None else None
+        columns[name] = column
     return columns
 
 
