@@ -164,8 +164,8 @@ def _text_chunk(pa: Any, column: FieldColumn) -> Any:
         raw = column.raw(range(len(column.valid)))
         return pa.array(raw, type=pa.binary()).cast(pa.string())
     data, offsets = whole
-    nulls = pa.array(column.valid == 0).buffers()[1] if not column.valid.all() else None
+    present = pa.array(column.valid != 0).buffers()[1] if not column.valid.all() else None
     values = pa.Array.from_buffers(
-        pa.large_binary(), len(column.valid), [nulls, pa.py_buffer(offsets), pa.py_buffer(data)]
+        pa.large_binary(), len(column.valid), [present, pa.py_buffer(offsets), pa.py_buffer(data)]
     )
     return values.cast(pa.large_string()).cast(pa.string())
