@@ -49,14 +49,16 @@ HIDDEN = {
     "extra_compile_args": ["-fvisibility=hidden"],
     "extra_link_args": ["-Wl,--exclude-libs,ALL"],
 }
+# -flto: the units inline into each other as the one file did (crops ~1.5 % slower without)
+LTO = ["-flto", "-O3"]
 
 CROP_KERNEL = Extension(
     "readers.images.jpegcrop",
     sources=[f"{KERNEL}/{unit}.c" for unit in KERNEL_UNITS],
     depends=sorted(str(p) for p in Path(KERNEL).glob("*.h")),
     # -ffp-contract=off: the resize weights must be the doubles torch computes (no FMA)
-    extra_compile_args=["-O3", "-ffp-contract=off", *HIDDEN["extra_compile_args"]],
-    extra_link_args=HIDDEN["extra_link_args"],
+    extra_compile_args=["-O3", "-ffp-contract=off", "-flto", *HIDDEN["extra_compile_args"]],
+    extra_link_args=[*HIDDEN["extra_link_args"], *LTO],
     optional=True,
     **LIBJPEG,
 )

@@ -7,6 +7,7 @@ warning-free."""
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
 import json
 import os
@@ -911,9 +912,11 @@ def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: P
     (wheel,) = tmp_path.glob("imgpack-*.whl")
     built = []
     with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
         for stem in ("readers/images/jpegcrop.", "readers/formats/crc32."):
-            (name,) = [n for n in archive.namelist() if n.startswith(stem)]
+            (name,) = [n for n in names if n.startswith(stem) and n.endswith((".so", ".pyd"))]
             built.append(archive.extract(name, tmp_path / "unpacked"))
+            assert stem + "pyi" in names, f"the wheel lacks {stem}pyi"
     check = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "wheels" / "check_wheel.py"), *built],
         capture_output=True,
@@ -924,3 +927,27 @@ def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: P
     assert check.returncode == 0, check.stdout + check.stderr
     assert "the crop kernel works" in check.stdout
     assert "the batch CRC-32 works" in check.stdout
+    assert check.stdout.count("exports only PyInit_*") == 2, check.stdout
+
+
+def stub_names(path: Path) -> set[str]:
+    """The top-level functions and annotated constants of a ``.pyi`` stub."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+@pytest.mark.parametrize("name", ["readers.images.jpegcrop", "readers.formats.crc32"])
+def test_each_compiled_module_has_a_stub_of_every_name(name: str) -> None:
+    """A type checker sees every call: the stub beside the module names exactly what it
+    defines (setup.cfg ships the stubs in the wheel)."""
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"{name} is not built")
+    module = importlib.import_module(name)
+    stub = ROOT / (name.replace(".", "/") + ".pyi")
+    public = {n for n in dir(module) if not n.startswith("_")}
+    assert stub_names(stub) == public
