@@ -781,6 +781,16 @@ def test_the_own_huffman_decoder_is_built_for_the_libjpeg_turbo_it_was_written_a
     written_for = 2000000 <= module.LIBJPEG_TURBO_VERSION < 3001000
     assert written_for == module.OWN_HUFFMAN
     assert (written_for and os.environ.get("IMGPACK_KERNEL_HUFFMAN") != "0") == module.HUFFMAN
+    # IMGPACK_KERNEL_HUFFMAN=0, read once at import, makes libjpeg's the default
+    child = subprocess.run(
+        [sys.executable, "-c", "import readers.images.jpegcrop as m; print(m.HUFFMAN)"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "IMGPACK_KERNEL_HUFFMAN": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.strip() == "0"
 
 
 @pytest.mark.parametrize("fmt", sorted(readers.DATASETS))

@@ -128,6 +128,8 @@ static PyObject *headers(PyObject *self, PyObject *args) {
     if (!ok) return NULL;
     Py_RETURN_NONE;
 }
+
+/* crop(): the arrays checked against the batch, then crop_all without the GIL. */
 static PyObject *crop(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"values", "rows",    "boxes",   "sizes", "out",  "status",  "out_h",
                             "out_w",  "dct",     "verified", "planar", "next", "simd", "huffman",
