@@ -4,9 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test check lint format bench clean asan
+.PHONY: setup demo test check lint format bench clean asan ubsan
 
-$(STAMP): setup.cfg setup.py readers/images/jpegcrop.c readers/formats/crc32.c
+$(STAMP): setup.cfg setup.py $(wildcard readers/images/*.c readers/images/*.h) readers/formats/crc32.c
 	@# libturbojpeg for the fast JPEG path (without it imgpack falls back to Pillow), and
 	@# libjpeg's headers for the compiled crop kernel (without them crops take the Python path).
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
@@ -50,6 +50,17 @@ asan: setup
 	CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g -O1" LDFLAGS="-fsanitize=address" \
 		$(BIN)/python setup.py -q build_ext --inplace --force --build-temp build/asan
 	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$(ASAN_LIB) \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_kernel.py tests/test_crop.py tests/test_crc.py; \
+		status=$$?; $(BIN)/python setup.py -q build_ext --inplace --force; exit $$status
+
+# The same tests under UndefinedBehaviorSanitizer: any undefined behaviour (overflow, a bad
+# shift, a misaligned load) aborts the run; then rebuilt as usual.
+UBSAN_LIB = $(shell gcc -print-file-name=libubsan.so)
+ubsan: setup
+	CFLAGS="-fsanitize=undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1" \
+		LDFLAGS="-fsanitize=undefined" \
+		$(BIN)/python setup.py -q build_ext --inplace --force --build-temp build/ubsan
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LD_PRELOAD=$(UBSAN_LIB) \
 		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_kernel.py tests/test_crop.py tests/test_crc.py; \
 		status=$$?; $(BIN)/python setup.py -q build_ext --inplace --force; exit $$status
 

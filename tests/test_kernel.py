@@ -1,10 +1,13 @@
-"""The compiled crop kernel (``readers/images/jpegcrop.c``): the pixels of a full decode
-followed by the same box, torch's antialiased resize and flip, exactly (within a stated
-tolerance when the box decodes DCT-scaled); the Python path's verdict on every damaged file;
-batches that do not depend on the decode threads; a C file that compiles warning-free."""
+"""The compiled crop kernel (``readers/images/``, the binding ``jpegcrop.c``): the pixels of
+a full decode followed by the same box, torch's antialiased resize and flip, exactly (within
+a stated tolerance when the box decodes DCT-scaled); the Python path's verdict on every
+damaged file; batches that do not depend on the decode threads; C units that compile
+warning-free."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import importlib.util
 import json
 import os
@@ -15,7 +18,6 @@ import sysconfig
 import textwrap
 import threading
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +35,7 @@ from readers.images.jpeg import crop_dct_divisors, jpeg_header
 from tests.photos import encode, photo_crop
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNEL_SOURCES = [ROOT / "readers" / "images" / name for name in ("jpegcrop.c", "huffman.c")]
+KERNEL_SOURCES = sorted((ROOT / "readers" / "images").glob("*.c"))
 
 needs_kernel = pytest.mark.skipif(
     kernel.crop_kernel() is None,
@@ -112,9 +114,12 @@ def kernel_crop(
     size: tuple[int, int],
     planar: bool = False,
     verified: bool = False,
+    simd: int = -1,
+    huffman: bool | None = None,
 ) -> np.ndarray:
     """``boxes`` of one JPEG through the kernel alone (``planar``: into an NCHW array, seen
-    as NHWC; ``verified``: told the bytes passed their CRC-32); every row must decode there."""
+    as NHWC; ``verified``: told the bytes passed their CRC-32; ``simd``, ``huffman``: the
+    call's resize level and Huffman decoder); every row must decode there."""
     n = len(boxes)
     header = jpeg_header(data)
     assert header is not None
@@ -124,22 +129,28 @@ def kernel_crop(
         out = np.zeros((n, *size, 3), dtype=np.uint8)
     sizes = np.array([[header[1], header[0]]] * n)
     failed = kernel.crop_rows(
-        kernel.crop_kernel(), [data] * n, np.arange(n), boxes, sizes, out, verified=verified
+        kernel.crop_kernel(),
+        [data] * n,
+        np.arange(n),
+        boxes,
+        sizes,
+        out,
+        verified=verified,
+        simd=simd,
+        huffman=huffman,
     )
     assert failed.size == 0, f"the kernel refused rows {failed}"
     return out
 
 
 @pytest.fixture(params=[2, 1, 0], ids=["avx2-groups", "avx2", "plain-c"])
-def simd(request: pytest.FixtureRequest) -> Iterator[int]:
-    """Runs a test with each of the kernel's resizes: AVX2 by groups of four outputs (where
-    the taps fit), AVX2 an output at a time, plain C."""
+def simd(request: pytest.FixtureRequest) -> int:
+    """Each of the kernel's resizes, for a test to pass per call: AVX2 by groups of four
+    outputs (where the taps fit), AVX2 an output at a time, plain C."""
     module = kernel.crop_kernel()
     if request.param > module.SIMD:
         pytest.skip(f"this CPU (or build) has only resize level {module.SIMD}")
-    before = module.set_simd(request.param)
-    yield request.param
-    module.set_simd(before)
+    return request.param
 
 
 @needs_kernel
@@ -156,11 +167,13 @@ def test_kernel_crop_equals_full_decode_box_resize_flip(encoding: str, simd: int
             boxes = np.concatenate([edge_boxes(height, width, size), random_boxes])
             unscaled = crop_dct_divisors(boxes, np.array([(height, width)] * len(boxes)), size)
             boxes = boxes[unscaled == 1]
-            out = kernel_crop(data, boxes, size)
-            np.testing.assert_array_equal(kernel_crop(data, boxes, size, planar=True), out)
+            out = kernel_crop(data, boxes, size, simd=simd)
+            planes = kernel_crop(data, boxes, size, planar=True, simd=simd)
+            np.testing.assert_array_equal(planes, out)
             # verified: stops after the box, and with restart markers decodes only the
             # intervals around it
-            np.testing.assert_array_equal(kernel_crop(data, boxes, size, verified=True), out)
+            stopped = kernel_crop(data, boxes, size, verified=True, simd=simd)
+            np.testing.assert_array_equal(stopped, out)
             for box, got in zip(boxes, out, strict=True):
                 np.testing.assert_array_equal(got, reference(pixels, box, size), err_msg=str(box))
                 checked += 1
@@ -180,7 +193,9 @@ def test_whole_decodes_resize_as_torch_at_every_scale(simd: int) -> None:
     outputs = [(h, w) for h in heights for w in widths]
     outputs += [(h, w) for h in (90, 151) for w in (81, 160, 229, 1000)]
     for size in outputs:
-        whole = kernel.decode_whole(kernel.crop_kernel(), data, None, lambda h, w, s=size: s)
+        whole = kernel.decode_whole(
+            kernel.crop_kernel(), data, None, lambda h, w, s=size: s, simd=simd
+        )
         np.testing.assert_array_equal(whole, reference(pixels, box, size), err_msg=str(size))
 
 
@@ -202,7 +217,6 @@ def test_verified_bytes_decode_to_libjpegs_pixels_through_the_own_huffman_decode
     none; custom tables), boxes at every edge and random ones, DCT-scaled boxes, both
     layouts. (Progressive files stay with libjpeg: equal trivially.)"""
     params = {**ENCODINGS, **OWN_TABLES}[encoding]
-    module = kernel.crop_kernel()
     checked = 0
     for k, (height, width) in enumerate(SIZES):
         data = jpeg(height, width, seed=k, **params)
@@ -215,12 +229,8 @@ def test_verified_bytes_decode_to_libjpegs_pixels_through_the_own_huffman_decode
                 ]
             )
             for planar in (False, True):
-                own = kernel_crop(data, boxes, size, planar=planar, verified=True)
-                module.set_huffman(False)
-                try:
-                    theirs = kernel_crop(data, boxes, size, planar=planar, verified=True)
-                finally:
-                    module.set_huffman(True)
+                own = kernel_crop(data, boxes, size, planar=planar, verified=True, huffman=True)
+                theirs = kernel_crop(data, boxes, size, planar=planar, verified=True, huffman=False)
                 np.testing.assert_array_equal(own, theirs, err_msg=f"{(height, width)} {size}")
                 checked += len(boxes)
     assert checked >= 600
@@ -346,7 +356,7 @@ def test_headers_match_the_python_marker_walk(sample_data: Path) -> None:
 
 # --- damaged files ------------------------------------------------------------------------
 FUZZ = r"""
-import json, os, random, sys
+import hashlib, json, os, random, sys
 import numpy as np
 import readers
 from readers.images import kernel
@@ -356,6 +366,9 @@ from readers.spec import DatasetError
 from tests.test_kernel import ENCODINGS, jpeg
 
 CASES = int(sys.argv[1])
+# With IMGPACK_KERNEL_HUFFMAN=0 (libjpeg's Huffman decoder, fixed at import) this child only
+# prints its crop outcomes; the other child reads them from the file argv[2].
+LIBJPEG = kernel.crop_kernel().HUFFMAN == 0
 rng = random.Random(17)
 bases = [jpeg(72, 90, seed=k, **params) for k, params in enumerate(ENCODINGS.values())]
 SIZE = (40, 48)  # a box of a 72x90 image never decodes DCT-scaled for it
@@ -437,27 +450,29 @@ def outcome(data, index, verified=False):
                    verified)
     except DatasetError as e:
         return "error", str(e)
-    return "pixels", rows.tobytes().hex()
+    return "pixels", hashlib.sha1(rows.tobytes()).hexdigest()
 
 
 with_kernel = [outcome(data, k) for k, (_, data) in enumerate(cases)]
 # Told the bytes passed their CRC-32, the kernel stops after the box: damage below it goes
 # unseen (the CRC-32 is what guards stored bytes), anything else is judged as before.
 stopping = [outcome(data, k, verified=True) for k, (_, data) in enumerate(cases)]
-# Both again with libjpeg's Huffman decoder in place of the kernel's own (huffman.c).
-kernel.crop_kernel().set_huffman(False)
-with_libjpeg = [outcome(data, k) for k, (_, data) in enumerate(cases)]
-stopping_libjpeg = [outcome(data, k, verified=True) for k, (_, data) in enumerate(cases)]
-kernel.crop_kernel().set_huffman(True)
-# Whole decodes (the converter's), by the own decoder and by libjpeg's: the same pixels
-# wherever both decode; the own one refuses more (it takes only well-formed data).
-def whole(data):
-    pixels = kernel.decode_whole(kernel.crop_kernel(), data, 4000 * 4000)
+if LIBJPEG:
+    print(json.dumps({"with_kernel": with_kernel, "stopping": stopping}))
+    sys.exit(0)
+# Both again with libjpeg's Huffman decoder in place of the kernel's own (huffman.c): the
+# other child's.
+with open(sys.argv[2]) as f:
+    theirs = json.load(f)
+with_libjpeg = [tuple(o) for o in theirs["with_kernel"]]
+stopping_libjpeg = [tuple(o) for o in theirs["stopping"]]
+# Whole decodes (the converter's), by the own decoder and by libjpeg's (a per-call choice):
+# the same pixels wherever both decode; the own one refuses more (it takes only well-formed
+# data).
+def whole(data, huffman):
+    pixels = kernel.decode_whole(kernel.crop_kernel(), data, 4000 * 4000, huffman=huffman)
     return None if pixels is None else pixels.tobytes()
-own_wholes = [whole(data) for _, data in cases]
-kernel.crop_kernel().set_huffman(False)
-wholes = list(zip(own_wholes, [whole(data) for _, data in cases]))
-kernel.crop_kernel().set_huffman(True)
+wholes = [(whole(data, True), whole(data, False)) for _, data in cases]
 whole_mismatches = [k for k, (a, b) in enumerate(wholes) if a is not None and a != b]
 headers = kernel.jpeg_headers(kernel.crop_kernel(), [data for _, data in cases])
 taken = kernel.kernel_decodes(headers, None)
@@ -502,17 +517,30 @@ print(json.dumps({
 
 @needs_kernel
 @pytest.mark.fuzz
-def test_fuzzed_jpegs_never_crash_and_match_the_python_path() -> None:
+def test_fuzzed_jpegs_never_crash_and_match_the_python_path(tmp_path: Path) -> None:
     """2,000 mutated JPEGs (truncations, byte flips, damaged markers, huge dimensions,
     inserted bytes; restart markers misnumbered, dropped, doubled or declared at another
     interval, where a verified crop would cut intervals out) in a child process: a crash or
     hang fails this test, not the suite; every one gives the Python path's pixels or its
     DatasetError text, and the kernel's header walk agrees with
-    :func:`readers.images.jpeg.jpeg_header` on each."""
-    result = subprocess.run(
+    :func:`readers.images.jpeg.jpeg_header` on each; with libjpeg's Huffman decoder (a
+    second child, ``IMGPACK_KERNEL_HUFFMAN=0``) too."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    theirs = subprocess.run(
         [sys.executable, "-c", FUZZ, "2000"],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**env, "IMGPACK_KERNEL_HUFFMAN": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert theirs.returncode == 0, theirs.stderr[-3000:]
+    (tmp_path / "libjpeg.json").write_text(theirs.stdout.strip().splitlines()[-1])
+    result = subprocess.run(
+        [sys.executable, "-c", FUZZ, "2000", str(tmp_path / "libjpeg.json")],
+        cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -707,15 +735,62 @@ def test_kernel_c_compiles_without_warnings(tmp_path: Path) -> None:
     gcc = shutil.which("gcc")
     include = ["-I", sysconfig.get_paths()["include"]]
     obj = str(tmp_path / "kernel.o")
+    # -O3 with libjpeg's own Huffman decoder: the build where the libjpeg-turbo is not the
+    # one huffman.c was written against
+    variants = [["-O0"], ["-O3"], ["-O3", "-DIMGPACK_NO_OWN_HUFFMAN"]]
     for source in KERNEL_SOURCES:
-        for level in ("-O0", "-O3"):  # -Wclobbered (setjmp) only shows when optimising
+        for flags in variants:  # -Wclobbered (setjmp) only shows when optimising
             result = subprocess.run(
-                [gcc, "-Wall", "-Wextra", "-Werror", level, *include, "-c", str(source), "-o", obj],
+                [
+                    gcc,
+                    "-Wall",
+                    "-Wextra",
+                    "-Werror",
+                    *flags,
+                    *include,
+                    "-c",
+                    str(source),
+                    "-o",
+                    obj,
+                ],
                 capture_output=True,
                 text=True,
                 check=False,
             )
-            assert result.returncode == 0, f"{source.name}: {result.stderr}"
+            assert result.returncode == 0, f"{source.name} {flags}: {result.stderr}"
+
+
+def test_setup_builds_every_kernel_unit() -> None:
+    """setup.py's KERNEL_UNITS names each ``readers/images/*.c`` once, each with its header
+    (the binding ``jpegcrop.c`` has none)."""
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    (units,) = [
+        ast.literal_eval(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "KERNEL_UNITS" for t in node.targets)
+    ]
+    assert sorted(units) == sorted(p.stem for p in KERNEL_SOURCES) and len(set(units)) == len(units)
+    headless = [u for u in units if not (ROOT / "readers" / "images" / f"{u}.h").is_file()]
+    assert headless == ["jpegcrop"]
+
+
+@needs_kernel
+def test_the_own_huffman_decoder_is_built_for_the_libjpeg_turbo_it_was_written_against() -> None:
+    module = kernel.crop_kernel()
+    written_for = 2000000 <= module.LIBJPEG_TURBO_VERSION < 3001000
+    assert written_for == module.OWN_HUFFMAN
+    assert (written_for and os.environ.get("IMGPACK_KERNEL_HUFFMAN") != "0") == module.HUFFMAN
+    # IMGPACK_KERNEL_HUFFMAN=0, read once at import, makes libjpeg's the default
+    child = subprocess.run(
+        [sys.executable, "-c", "import readers.images.jpegcrop as m; print(m.HUFFMAN)"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "IMGPACK_KERNEL_HUFFMAN": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.strip() == "0"
 
 
 @pytest.mark.parametrize("fmt", sorted(readers.DATASETS))
@@ -847,9 +922,11 @@ def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: P
     (wheel,) = tmp_path.glob("imgpack-*.whl")
     built = []
     with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
         for stem in ("readers/images/jpegcrop.", "readers/formats/crc32."):
-            (name,) = [n for n in archive.namelist() if n.startswith(stem)]
+            (name,) = [n for n in names if n.startswith(stem) and n.endswith((".so", ".pyd"))]
             built.append(archive.extract(name, tmp_path / "unpacked"))
+            assert stem + "pyi" in names, f"the wheel lacks {stem}pyi"
     check = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "wheels" / "check_wheel.py"), *built],
         capture_output=True,
@@ -860,3 +937,27 @@ def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: P
     assert check.returncode == 0, check.stdout + check.stderr
     assert "the crop kernel works" in check.stdout
     assert "the batch CRC-32 works" in check.stdout
+    assert check.stdout.count("exports only PyInit_*") == 2, check.stdout
+
+
+def stub_names(path: Path) -> set[str]:
+    """The top-level functions and annotated constants of a ``.pyi`` stub."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+@pytest.mark.parametrize("name", ["readers.images.jpegcrop", "readers.formats.crc32"])
+def test_each_compiled_module_has_a_stub_of_every_name(name: str) -> None:
+    """A type checker sees every call: the stub beside the module names exactly what it
+    defines (setup.cfg ships the stubs in the wheel)."""
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(f"{name} is not built")
+    module = importlib.import_module(name)
+    stub = ROOT / (name.replace(".", "/") + ".pyi")
+    public = {n for n in dir(module) if not n.startswith("_")}
+    assert stub_names(stub) == public

@@ -1,7 +1,8 @@
 """The layout's rules that the tree alone does not enforce (CONTRIBUTING, "Where things live").
 
-- Every module of the library and the scripts stays under 400 lines: past that a module holds
-  more than one concern and wants a room of its own.
+- Every module of the library and the scripts, and every C unit and header, stays under 400
+  lines: past that a module holds more than one concern and wants a room of its own.
+- The C units' ``#include "..."`` graph has no circle (scratch and taps on the ground floor).
 - ``readers/formats/`` knows shards, not datasets: nothing there imports ``torch.utils.data``.
 - Where this process stands (rank, world size, DataLoader worker) is looked up in one module,
   ``readers/epochs/placement.py``; everything else receives a ``Placement`` or asks it.
@@ -12,6 +13,7 @@ The files are parsed, never imported.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,73 @@ def modules(*folders: str) -> list[Path]:
 def test_every_module_stays_under_400_lines(path: Path) -> None:
     lines = len((ROOT / path).read_text(encoding="utf-8").splitlines())
     assert lines < MAX_LINES, f"{path} has {lines} lines: split it by concern"
+
+
+def c_files(*folders: str) -> list[Path]:
+    return sorted(
+        p.relative_to(ROOT)
+        for f in folders
+        for ext in ("*.c", "*.h")
+        for p in (ROOT / f).rglob(ext)
+    )
+
+
+@pytest.mark.parametrize("path", c_files("readers"), ids=str)
+def test_every_c_unit_and_header_stays_under_400_lines(path: Path) -> None:
+    lines = len((ROOT / path).read_text(encoding="utf-8").splitlines())
+    assert lines < MAX_LINES, f"{path} has {lines} lines: split it by concern"
+
+
+def include_graph(folder: Path) -> dict[str, set[str]]:
+    """Unit (a ``.c`` with its ``.h``, by stem) -> the units its files ``#include "..."``."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(folder.glob("*.[ch]")):
+        text = path.read_text(encoding="utf-8")
+        included = {Path(m).stem for m in re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, re.M)}
+        graph.setdefault(path.stem, set()).update(included - {path.stem})
+    return graph
+
+
+def circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of ``graph`` as the units along it, or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(unit: str) -> list[str]:
+        state[unit] = 1
+        path.append(unit)
+        for other in sorted(graph.get(unit, ())):
+            if state.get(other) == 1:
+                return [*path[path.index(other) :], other]
+            if other not in state and (found := visit(other)):
+                return found
+        path.pop()
+        state[unit] = 2
+        return []
+
+    for unit in sorted(graph):
+        if unit not in state and (found := visit(unit)):
+            return found
+    return []
+
+
+def test_circle_finds_a_circle() -> None:
+    assert circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+@pytest.mark.parametrize("folder", ["readers/images", "readers/formats"])
+def test_the_c_units_include_no_circle(folder: str) -> None:
+    graph = include_graph(ROOT / folder)
+    found = circle(graph)
+    assert not found, f"{folder}: the units include each other: {' -> '.join(found)}"
+
+
+def test_the_kernels_ground_floor_includes_no_other_unit() -> None:
+    """Scratch buffers and resize taps are the ground floor: they include only the shared
+    types, so every unit above can use them and none of them calls back up."""
+    graph = include_graph(ROOT / "readers/images")
+    assert graph["scratch"] <= {"kernel_types"} and graph["taps"] <= {"kernel_types"}, graph
 
 
 def imported_modules(tree: ast.AST) -> set[str]:

@@ -151,22 +151,26 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "crc32", "CRC-32 of a batch of samples (see readers.formats.checks).",
-    -1, methods, NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC PyInit_crc32(void) {
+static int exec_module(PyObject *m) {
     make_table();
 #ifdef HAVE_CLMUL
     __builtin_cpu_init();
 #endif
     use_clmul = best_clmul();
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL) return NULL;
-    if (PyModule_AddIntConstant(m, "CLMUL", use_clmul) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
+    return PyModule_AddIntConstant(m, "CLMUL", use_clmul);
 }
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
+#ifdef Py_mod_gil /* 3.13: the CRCs need no GIL, and the module keeps no state */
+    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
+#endif
+    {0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "crc32", "CRC-32 of a batch of samples (see readers.formats.checks).",
+    0, methods, slots, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit_crc32(void) { return PyModuleDef_Init(&module); }

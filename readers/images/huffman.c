@@ -19,6 +19,8 @@
  * warning: so the kernel still decodes only what a full decode takes without a warning. */
 #include "huffman.h"
 
+#if IMGPACK_OWN_HUFFMAN
+
 #include <string.h>
 
 #include <jerror.h>
@@ -33,7 +35,7 @@ static const uint8_t natural[DCTSIZE2] = {
 static __attribute__((noreturn)) void fail(Huffman *h) {
     j_common_ptr common = (j_common_ptr)h->cinfo;
     common->err->msg_code = JWRN_HIT_MARKER; /* any code: the caller judges the file again */
-    (*common->err->error_exit)(common); /* the kernel's longjmps */
+    (*common->err->error_exit)(common); /* the kernel's longjmps (errors.h) */
     __builtin_unreachable();
 }
 
@@ -271,3 +273,4 @@ void huffman_finish(j_decompress_ptr cinfo, Huffman *h) {
     cinfo->src->next_input_byte = h->next;
     cinfo->src->bytes_in_buffer = (size_t)(h->end - h->next);
 }
+#endif

@@ -8,6 +8,19 @@
 
 #include <jpeglib.h>
 
+/* Whether the kernel has its own decoder: it reaches into libjpeg's internal entropy-decoder
+ * struct (below), which libjpeg does not promise to keep, so only with the libjpeg-turbo it
+ * was written against (2.0 to 3.0: Debian's 2.1.5, the release wheels' 3.0.4); any other
+ * libjpeg, or -DIMGPACK_NO_OWN_HUFFMAN, decodes through libjpeg's decoder (the module's
+ * OWN_HUFFMAN says which). */
+#if !defined(IMGPACK_NO_OWN_HUFFMAN) && defined(LIBJPEG_TURBO_VERSION_NUMBER) && \
+    LIBJPEG_TURBO_VERSION_NUMBER >= 2000000 && LIBJPEG_TURBO_VERSION_NUMBER < 3001000
+#define IMGPACK_OWN_HUFFMAN 1
+#else
+#define IMGPACK_OWN_HUFFMAN 0
+#endif
+
+#if IMGPACK_OWN_HUFFMAN
 /* The first members of jpegint.h's entropy-decoder interface, which libjpeg does not
  * install: the same two from libjpeg 6b to libjpeg-turbo 3 (which adds members after them).
  * Only `decode_mcu` of libjpeg's own is replaced. */
@@ -37,7 +50,7 @@ typedef struct {
     int built;
 } HuffTable;
 
-typedef struct { /* cinfo->client_data points here while it decodes */
+typedef struct Huffman { /* cinfo->client_data points here while it decodes */
     j_decompress_ptr cinfo;
     const uint8_t *next, *end; /* the entropy-coded bytes not yet in `bits` */
     uint64_t bits;             /* the next `count` bits, most significant first */
@@ -64,5 +77,6 @@ int huffman_install(j_decompress_ptr cinfo, Huffman *h);
  * warns as it would about bytes before them). Whole bytes left unread in `h` fail through
  * error_exit. */
 void huffman_finish(j_decompress_ptr cinfo, Huffman *h);
+#endif
 
 #endif

@@ -1,4 +1,4 @@
-"""The compiled crop kernel (``readers/images/jpegcrop.c``), when it was built.
+"""The compiled crop kernel (``readers/images/``, its binding ``jpegcrop.c``), when it was built.
 
 Two calls per batch, neither holding the GIL: :func:`jpeg_headers` reads every sample's
 JPEG markers at once (what :func:`readers.images.jpeg.jpeg_header` reads, plus the frame's
@@ -21,6 +21,10 @@ A sample the kernel does not take (:func:`kernel_decodes`: EXIF-rotated, CMYK, l
 12-bit, incomplete...) or fails on (any libjpeg error or warning) is left to the Python
 path, which judges it as before. Without the compiled module, or with ``IMGPACK_KERNEL=0``
 (read once per process), everything takes the Python path, with one notice in the log.
+
+How a call decodes is the call's own (``simd``, ``huffman`` below), never a process-wide
+switch that another decode thread would see flip; ``IMGPACK_KERNEL_HUFFMAN=0`` (read once,
+at import) makes libjpeg's Huffman decoder the default of calls that do not say.
 """
 
 from __future__ import annotations
@@ -98,6 +102,8 @@ def crop_rows(
     out: np.ndarray,
     dct_denominator: int | np.ndarray | None = None,
     verified: bool = False,
+    simd: int = -1,
+    huffman: bool | None = None,
 ) -> np.ndarray:
     """Decode the ``boxes`` (``[n, 5]`` top, left, height, width, flip) of the JPEGs
     ``values[rows]`` (of upright ``sizes``, ``[n, 2]`` height, width) into ``out[rows]``
@@ -110,10 +116,26 @@ def crop_rows(
     CRC-32, see :attr:`readers.formats.reader.ShardReader.verified`) stops each decode after
     the box's last row and, where restart markers allow, decodes only the intervals around
     the box; otherwise the rest is entropy-decoded too, so that damage anywhere in the file
-    fails as a full decode's would."""
+    fails as a full decode's would. ``simd`` (the resize's instructions: 0 plain C, 1 AVX2,
+    2 AVX2 by groups of four outputs; -1 the CPU's best) and ``huffman`` (the kernel's own
+    Huffman decoder or libjpeg's; None: the module's ``HUFFMAN``) hold for this call only;
+    all give the same pixels."""
     status = np.zeros(len(values), dtype=np.int32)
     rows = np.ascontiguousarray(rows, dtype=np.int64)
-    crop_shared(kernel, values, rows, boxes, sizes, out, status, None, dct_denominator, verified)
+    crop_shared(
+        kernel,
+        values,
+        rows,
+        boxes,
+        sizes,
+        out,
+        status,
+        None,
+        dct_denominator,
+        verified,
+        simd=simd,
+        huffman=huffman,
+    )
     return rows[status[rows] != 0]
 
 
@@ -128,6 +150,8 @@ def crop_shared(
     next_row: np.ndarray | None,
     dct_denominator: int | np.ndarray | None = None,
     verified: bool = False,
+    simd: int = -1,
+    huffman: bool | None = None,
 ) -> None:
     """:func:`crop_rows`, as one of several decode threads' calls sharing ``rows``: given
     the same ``next_row`` (int64 ``[1]``, from 0), each call takes the next row by an
@@ -154,6 +178,8 @@ def crop_shared(
         verified,
         planar,
         next_row,
+        simd=simd,
+        huffman=kernel.HUFFMAN if huffman is None else huffman,
     )
 
 
@@ -164,13 +190,16 @@ def decode_whole(
     size: Callable[[int, int], tuple[int, int]] | None = None,
     dct_denominator: Callable[[int, int], int] | None = None,
     verified: bool = False,
+    simd: int = -1,
+    huffman: bool | None = None,
 ) -> np.ndarray | None:
     """The whole of the JPEG ``data`` decoded in one kernel call, as uint8 ``[H, W, 3]``,
     resized to ``size(height, width)`` (None: its own size) from a decode DCT-scaled by
     ``dct_denominator(height, width)`` (None: 1); or None where the caller's decoder must
     take it (:func:`kernel_decodes` refuses it, over ``max_pixels``, or a libjpeg error or
     warning). ``verified`` as for :func:`crop_rows`: here, the markers after the last row
-    are left unread (a full decode reads every row anyway)."""
+    are left unread (a full decode reads every row anyway); ``simd`` and ``huffman`` as for
+    :func:`crop_rows`."""
     headers = jpeg_headers(module, [data])
     if not kernel_decodes(headers, max_pixels)[0]:
         return None
@@ -186,5 +215,7 @@ def decode_whole(
         out,
         dct_denominator(height, width) if dct_denominator else 1,
         verified,
+        simd=simd,
+        huffman=huffman,
     )
     return None if len(failed) else out[0]

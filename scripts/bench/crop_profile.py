@@ -28,7 +28,8 @@ its own, and ``fused.crop_parts`` with the kernel off.
         [--libjpeg-huffman]
 
 ``--libjpeg-huffman``: verified bytes decode their Huffman codes through libjpeg's decoder,
-as before the kernel had its own (``readers/images/huffman.c``).
+as before the kernel had its own (``readers/images/huffman.c``): ``IMGPACK_KERNEL_HUFFMAN=0``
+set before the kernel is first imported, which reads it once.
 """
 
 from __future__ import annotations
@@ -222,9 +223,12 @@ def main() -> None:
         help="verified bytes decode through libjpeg's Huffman decoder, not the kernel's own",
     )
     args = p.parse_args()
+    if args.libjpeg_huffman:  # before the first crop_kernel(): the module reads it at import
+        os.environ["IMGPACK_KERNEL_HUFFMAN"] = "0"
     if kernel.crop_kernel() is None or turbo_decoder() is None:
         raise SystemExit("the profile needs the compiled kernel and libjpeg-turbo")
-    kernel.crop_kernel().set_huffman(not args.libjpeg_huffman)
+    if args.libjpeg_huffman and kernel.crop_kernel().HUFFMAN:
+        raise SystemExit("the kernel was imported before IMGPACK_KERNEL_HUFFMAN=0 was set")
     torch.set_num_threads(1)  # one thread, as on a decode thread (the resize's too)
     info = machine_info()
     print_machine(info)

@@ -1,7 +1,7 @@
 """The kernel's resize at each instruction level, one thread, in one process: the
 converter's decode and resize (``kernel.decode_whole`` to short side ``--resize``) of the
-source photos with ``set_simd`` at 2 (AVX2, grouped taps), 1 (AVX2, a pixel at a time) and
-0 (plain C) where the CPU has them, interleaved round by round, and the decode alone, so
+source photos with each call's ``simd`` at 2 (AVX2, grouped taps), 1 (AVX2, a pixel at a
+time) and 0 (plain C) where the CPU has them, interleaved round by round, and the decode alone, so
 that the resize's own time is the difference. All levels give the same pixels (the tests
 check); only their time differs.
 
@@ -45,25 +45,22 @@ def main() -> None:
     files = sorted(p for p in args.folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
     data = [f.read_bytes() for f in files[: args.images]]
 
-    def resized(value: bytes) -> object:
+    def resized(value: bytes, level: int) -> object:
         return kernel.decode_whole(
-            module, value, None, lambda h, w: shorter_size(h, w, args.resize)
+            module, value, None, lambda h, w: shorter_size(h, w, args.resize), simd=level
         )
 
     def decoded(value: bytes) -> object:
         return kernel.decode_whole(module, value, None)
 
     levels = list(range(module.SIMD, -1, -1))
-    before = module.set_simd(module.SIMD)
     times: dict[str, list[float]] = {f"level {k}": [] for k in levels} | {"decode only": []}
-    try:
-        for _ in range(args.rounds):
-            for level in levels:
-                module.set_simd(level)
-                times[f"level {level}"].append(per_image_us(resized, data))
-            times["decode only"].append(per_image_us(decoded, data))
-    finally:
-        module.set_simd(before)
+    for _ in range(args.rounds):
+        for level in levels:  # the level is each call's own (kernel.decode_whole's simd)
+            times[f"level {level}"].append(
+                per_image_us(lambda value, level=level: resized(value, level), data)
+            )
+        times["decode only"].append(per_image_us(decoded, data))
     medians = {name: statistics.median(values) for name, values in times.items()}
     decode = medians["decode only"]
     print(f"{len(data)} photos to short side {args.resize}, {args.rounds} interleaved rounds")

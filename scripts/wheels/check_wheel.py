@@ -1,6 +1,7 @@
 """A release wheel's smoke test (``scripts/wheels/cibuildwheel.toml``): the installed crop
 kernel loads, reads a JPEG's header and crops it to the pixels of Pillow's full decode, and
-the batch CRC-32 gives zlib's numbers.
+the batch CRC-32 gives zlib's numbers; each exports no symbol but its ``PyInit_*`` (a
+static libjpeg's would clash with another module's libjpeg in the same process).
 
 It loads the compiled modules by their files, not through ``import readers`` (which would
 import torch), and needs only NumPy and Pillow:
@@ -14,6 +15,7 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import io
+import struct
 import sys
 import zlib
 from pathlib import Path
@@ -41,6 +43,42 @@ def load(name: str, path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def exported_symbols(path: Path) -> list[str]:
+    """The names an ELF shared object defines in its dynamic symbol table with global or weak
+    binding and default or protected visibility: what another library could bind to. Empty
+    for a file that is not a 64-bit little-endian ELF (a macOS or Windows build)."""
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return []
+    shoff, shentsize, shnum = (
+        struct.unpack_from("<Q", data, 0x28)[0],
+        *struct.unpack_from("<HH", data, 0x3A),
+    )
+    sections = [
+        struct.unpack_from("<IIQQQQIIQQ", data, shoff + k * shentsize) for k in range(shnum)
+    ]
+    names = []
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 11:  # SHT_DYNSYM
+            continue
+        strings = sections[link][4]
+        for at in range(offset, offset + size, entsize):
+            name, info, other, shndx = struct.unpack_from("<IBBH", data, at)
+            bound = info >> 4 in (1, 2)  # STB_GLOBAL, STB_WEAK
+            visible = other & 3 in (0, 3)  # STV_DEFAULT, STV_PROTECTED
+            if shndx != 0 and bound and visible:
+                end = data.index(b"\0", strings + name)
+                names.append(data[strings + name : end].decode())
+    return names
+
+
+def check_exports(path: Path) -> None:
+    """Only ``PyInit_*`` leaves the module: not its units' functions, not libjpeg's."""
+    extra = sorted(n for n in exported_symbols(path) if not n.startswith("PyInit_"))
+    assert not extra, f"{path.name} exports {len(extra)} more symbols: {extra[:10]}"
+    print(f"{path.name}: exports only PyInit_*")
 
 
 def check_crcs(path: Path) -> None:
@@ -80,8 +118,10 @@ def check_kernel(path: Path) -> None:
 def main() -> None:
     paths = [Path(p) for p in sys.argv[1:3]] or [installed(KERNEL), installed(BATCH_CRC)]
     check_kernel(paths[0])
+    check_exports(paths[0])
     if len(paths) > 1:
         check_crcs(paths[1])
+        check_exports(paths[1])
 
 
 if __name__ == "__main__":
