@@ -5,6 +5,7 @@ with each field's value."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,7 @@ def test_every_kind_reads_back_as_written(tmp_path, fmt, encoding):
     path, layout, records = write_shard(tmp_path, fmt, encoding)
     shard = SHARD_READERS[fmt](str(path), layout)
     assert sorted(shard.fields) == sorted(SCHEMA)
-    assert shard.recorded_sizes is not None  # read from the shard, not from the images
+    assert shard.recorded_sizes() is not None  # read from the shard, not from the images
     assert shard.sizes().tolist() == [list(r.size) for r in records]
     for name, column in shard.fields.items():
         got = column.values(list(range(N)))
@@ -124,6 +125,17 @@ def test_a_damaged_typed_column_is_refused_at_its_first_read(tmp_path, fmt):
     with pytest.raises(DatasetError, match=r"field 'n': its column fails its CRC-32"):
         shard.fields["n"].value(0)
     assert shard.fields["txt"].value(0) == value_of("txt", 0)
+
+
+@pytest.mark.parametrize("height", [-1, 2**31, 2**70, 1.5])
+def test_a_wds_index_with_no_image_size_is_refused_at_open(tmp_path, height):
+    path, layout, _ = write_shard(tmp_path, "wds", "jpeg")
+    index_path = Path(str(path) + spec.WDS_INDEX_SUFFIX)
+    index = json.loads(index_path.read_text())
+    index["heights"][2] = height
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(DatasetError, match=rf"{index_path.name}.*'heights' holds a value"):
+        SHARD_READERS["wds"](str(path), layout)
 
 
 # The webdataset library leaves the tars it opens to the garbage collector (its ResourceWarning,

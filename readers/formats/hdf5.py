@@ -39,12 +39,10 @@ class Hdf5Shard(ShardReader):
             variable = layout.kind is StorageKind.VARIABLE_PIXELS
             self._shapes = self._file[spec.H5_SHAPES][()] if variable else None
             crcs = self._file[spec.H5_CRCS][()] if spec.H5_CRCS in self._file else None
-            sizes = self._file[spec.H5_SIZES][()] if spec.H5_SIZES in self._file else None
         except (OSError, KeyError, TypeError) as e:  # TypeError: paths are not strings
             raise DatasetError(f"{path}: not a valid imgpack HDF5 file: {e}") from e
         self._path = path
         self.crcs = SampleCrcs(crcs, path, len(self.labels))
-        self.record_sizes(sizes, path)
         self.fields = open_columns(layout.schema, path, len(self.labels), self._field_part)
         self._vlen = self._images.ndim == 1
         self._file_bytes: np.memmap | None = None
@@ -58,6 +56,14 @@ class Hdf5Shard(ShardReader):
             self._file_bytes = np.memmap(path, dtype=np.uint8, mode="r")
             self._chunk_offsets = np.full(len(images), -1, dtype=np.int64)
             self._sample_bytes = int(np.prod(images.shape[1:]))
+
+    def recorded_sizes(self) -> np.ndarray | None:
+        if spec.H5_SIZES not in self._file:  # before version 2
+            return None
+        try:
+            return self._file[spec.H5_SIZES][()]
+        except OSError as e:
+            raise DatasetError(f"{self._path}: unreadable {spec.H5_SIZES}: {e}") from e
 
     def _field_part(self, name: str, part: str) -> np.ndarray | h5py.Dataset:
         """A field's part: read whole, but a variable field's bytes stay in the file (read a

@@ -78,12 +78,13 @@ class LmdbShard(ShardReader):
         crcs = self._find(spec.LMDB_CRCS)  # absent for raw pixels and older shards
         crcs_array = None if crcs is None else np.frombuffer(crcs, dtype="<u4")
         self.crcs = SampleCrcs(crcs_array, path, len(self.labels))
-        sizes = self._find(spec.LMDB_SIZES)  # absent before version 2
-        sizes_array = None if sizes is None else np.frombuffer(sizes, dtype="<i8").reshape(-1, 2)
-        self.record_sizes(sizes_array, path)
         self._schema = layout.schema
         self.fields = open_columns(layout.schema, path, len(self.labels), self._field_part)
         self._paths: PathTable | None = None
+
+    def recorded_sizes(self) -> np.ndarray | None:
+        sizes = self._find(spec.LMDB_SIZES)  # absent before version 2
+        return None if sizes is None else np.frombuffer(sizes, dtype="<i8").reshape(-1, 2)
 
     def _field_part(self, name: str, part: str) -> np.ndarray:
         """A field's part: one metadata value, read once (a variable field's bytes are

@@ -51,8 +51,7 @@ class PtShard(ShardReader):
             self._shapes = tensors[spec.PT_SHAPES].numpy() if variable else None
         crcs = tensors.get(spec.PT_CRCS)
         self.crcs = SampleCrcs(None if crcs is None else crcs.numpy(), path, len(self.labels))
-        sizes = tensors.get(spec.PT_SIZES)
-        self.record_sizes(None if sizes is None else sizes.numpy(), path)
+        self._sizes = tensors.get(spec.PT_SIZES)  # a view of the mmap'd shard
         self.fields = open_columns(layout.schema, path, len(self.labels), self._field_part)
 
     def _get(self, key: str) -> torch.Tensor:
@@ -60,6 +59,9 @@ class PtShard(ShardReader):
             return self._t[key]
         except KeyError:
             raise DatasetError(f"{self._path}: missing tensor {key!r}") from None
+
+    def recorded_sizes(self) -> np.ndarray | None:
+        return None if self._sizes is None else self._sizes.numpy()
 
     def _field_part(self, name: str, part: str) -> np.ndarray:
         return self._get(spec.field_key(name, part)).numpy()

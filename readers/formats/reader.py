@@ -26,6 +26,7 @@ class ShardReader(ABC):
     # The layout schema's fields by name (readers.formats.field_columns), each format
     # reader's from its own parts; empty for a dataset without fields (and version 1).
     fields: Mapping[str, FieldColumn] = MappingProxyType({})
+    _path: str  # the shard's file or URL, as its errors name it
 
     @property
     def verified(self) -> bool:
@@ -48,30 +49,29 @@ class ShardReader(ABC):
         bytes (raw pixels are checked here, against their shape). Only :meth:`read` and
         :func:`read_checked` call it."""
 
-    # int64 [n, 2]: the sizes a version 2 shard records (each format reader sets it with
-    # record_sizes); None: a version 1 shard, whose sizes come from its samples
-    recorded_sizes: np.ndarray | None = None
-
-    def record_sizes(self, sizes: np.ndarray | None, where: str) -> None:
-        """Keep the shard's recorded sizes (None: it has none), checked for shape."""
-        if sizes is not None and sizes.shape != (len(self.labels), 2):
-            n = len(self.labels)
-            raise DatasetError(f"{where}: sizes of shape {sizes.shape}, not ({n}, 2)")
-        self.recorded_sizes = sizes
+    def recorded_sizes(self) -> np.ndarray | None:
+        """``[n, 2]`` (height, width) as a version 2 shard records them, read when asked
+        rather than held from the open (a reading process keeps a few words per sample);
+        None: a version 1 shard, whose sizes come from its samples."""
+        return None
 
     def sizes(self) -> np.ndarray:
         """int64 ``[n, 2]``: each sample's stored (height, width). Version 2 shards record
         them; a version 1 shard's come from its samples: raw pixels' shapes, encoded
         images' headers (every sample read once)."""
-        if self.recorded_sizes is not None:
-            return np.array(self.recorded_sizes, dtype=np.int64)
+        n = len(self.labels)
+        recorded = self.recorded_sizes()
+        if recorded is not None:
+            if recorded.shape != (n, 2):
+                raise DatasetError(f"{self._path}: sizes of shape {recorded.shape}, not ({n}, 2)")
+            return recorded.astype(np.int64)
         out = np.empty((len(self.labels), 2), dtype=np.int64)
         for i in range(len(self.labels)):
             value = self.read(i)
             if isinstance(value, np.ndarray):
                 out[i] = value.shape[:2]
             else:
-                out[i] = image_size(value, f"{self}[{i}]")
+                out[i] = image_size(value, f"{self._path}[{i}]")
         return out
 
     @abstractmethod

@@ -99,6 +99,9 @@ def _check_recorded_columns(index: dict[str, Any], n: int, tar_size: int) -> Non
             raise ValueError(f"a size or field column is not one value per sample ({n})")
         if not all(type(v) in (int, float) for v in column):
             raise ValueError("a size or field column holds a value that is not a number")
+    for k in spec.WDS_SIZE_COLUMNS:
+        if k in index and not all(type(v) is int and 0 <= v < 2**31 for v in index[k]):
+            raise ValueError(f"{k!r} holds a value that is no image size")
     for name, parts in fields.items():
         located = [parts.get(spec.FIELD_OFFSETS), parts.get(spec.FIELD_SIZES)]
         if None in located:
@@ -147,8 +150,9 @@ class WdsShard(ShardReader):
         self.crcs = SampleCrcs(crcs_array, self._path, len(self.labels))
         self._npy_headers: set[bytes] = set()  # .npy headers npy_pixels accepted here
         heights, widths = (index.get(k) for k in spec.WDS_SIZE_COLUMNS)
-        recorded = None if heights is None or widths is None else np.array([heights, widths]).T
-        self.record_sizes(None if recorded is None else recorded.astype(np.int64), self._path)
+        # int32 here (8 bytes a sample held from the open), int64 from recorded_sizes()
+        both = heights is not None and widths is not None
+        self._recorded = np.array([heights, widths], dtype=np.int32).T if both else None
         stored = index.get(spec.WDS_FIELDS_KEY, {})
 
         def part(name: str, part: str) -> np.ndarray:
@@ -207,6 +211,9 @@ class WdsShard(ShardReader):
 
     def path(self, i: int) -> str:
         return self._paths[i]
+
+    def recorded_sizes(self) -> np.ndarray | None:
+        return self._recorded
 
 
 class RangedWdsShard(WdsShard):
