@@ -24,7 +24,7 @@ from readers.epochs.buckets import AspectBuckets, BucketPlan
 from readers.epochs.loader import Loader, with_read_options
 from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler, selected_indices
-from readers.epochs.state import EpochState
+from readers.epochs.state import EpochState, subset_digest
 from readers.images.crop import Crop, uniforms
 
 __all__ = ["BucketCrop", "BucketDataset", "BucketLoader", "BucketSampler", "make_bucket_loader"]
@@ -214,7 +214,8 @@ def make_bucket_loader(
     dataset = with_read_options(opened, None, decode_threads, True, crop, fields)
     chosen = None if indices is None else selected_indices(indices, len(dataset))
     sizes = dataset.sizes if chosen is None else dataset.sizes[chosen]
-    plan = BucketPlan(buckets, buckets.assign(sizes), batch_size, drop_last, seed, shuffle)
+    subset = None if chosen is None else subset_digest(chosen)
+    plan = BucketPlan(buckets, buckets.assign(sizes), batch_size, drop_last, seed, shuffle, subset)
     if plan.num_batches == 0:
         raise ValueError(
             f"{dataset.manifest.location}: no batch in any bucket (batch_size={batch_size}, "

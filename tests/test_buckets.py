@@ -345,3 +345,16 @@ def test_a_state_of_other_buckets_or_batching_is_refused_naming_it(photos):
     again = make_bucket_loader(photos["pt-original"], 4, BUCKETS, seed=3)
     again.load_state_dict(state)
     assert len(sample_ids(again)) + 8 >= N
+
+
+def test_a_subset_is_bucketed_over_its_own_samples_and_its_state_names_them(photos):
+    keep = np.arange(0, N, 2)
+    loader = make_bucket_loader(photos["wds-original"], 3, BUCKETS, indices=keep, num_workers=2)
+    assert sorted(sample_ids(loader)) == keep.tolist()
+    state = loader.state_dict()
+    other = make_bucket_loader(photos["wds-original"], 3, BUCKETS, indices=keep[1:])
+    with pytest.raises(ValueError, match="buckets with samples="):
+        other.load_state_dict(state)
+    shifted = make_bucket_loader(photos["wds-original"], 3, BUCKETS, indices=keep[::-1])
+    with pytest.raises(ValueError, match=r"buckets with (assignment|subset)="):
+        shifted.load_state_dict(state)

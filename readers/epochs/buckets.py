@@ -158,7 +158,8 @@ class BucketPlan:
     """An epoch of batches over samples assigned to buckets (see the module docstring).
 
     ``assignment[i]`` is sample ``i``'s bucket (of ``len(buckets.sizes)``); the samples are
-    those the epoch reads (a subset's positions when over one). Batch ``g`` of the layout
+    those the epoch reads (a subset's positions when over one, ``subset`` its
+    :func:`readers.epochs.state.subset_digest`). Batch ``g`` of the layout
     is batch ``g - first[k]`` of bucket ``k``; position ``p`` of epoch ``e`` reads batch
     :meth:`batch_at`."""
 
@@ -168,6 +169,7 @@ class BucketPlan:
     drop_last: bool
     seed: int
     shuffle: bool = True
+    subset: str | None = None  # the subset_digest of the samples read, None for all
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -234,6 +236,7 @@ class BucketPlan:
             "drop_last": self.drop_last,
             "samples": len(self.assignment),
             "assignment": self.digest,
+            "subset": self.subset,
         }
 
     def check(self, state: Any) -> None:
