@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time each name is imported o
     from readers.images.crop import CenterCrop, Crop, RandomResizedCrop
     from readers.images.decode import ImageTooLargeError, decode_image, decoder_name
     from readers.manifest import Manifest, load_manifest
+    from readers.mixture_dataset import MixtureLoader
     from readers.spec import DatasetError
     from readers.storage.remote import StorageError
 
@@ -84,6 +85,7 @@ _EXPORTS = {
     "decode_image": "readers.images.decode",
     "decoder_name": "readers.images.decode",
     "Manifest": "readers.manifest",
+    "MixtureLoader": "readers.mixture_dataset",
     "load_manifest": "readers.manifest",
     "DatasetError": "readers.spec",
     "StorageError": "readers.storage.remote",
@@ -103,6 +105,7 @@ __all__ = [
     "LmdbDataset",
     "Loader",
     "Manifest",
+    "MixtureLoader",
     "PtDataset",
     "RandomResizedCrop",
     "Sample",

@@ -27,6 +27,7 @@ from readers.epochs.mixture import Mixture, MixtureOrder, MixtureSource, Weights
 from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler
 from readers.epochs.state import EpochState
+from readers.fields import FieldSpec
 from readers.images.crop import Crop
 
 __all__ = [
@@ -41,12 +42,20 @@ __all__ = [
 class MixtureBatch(SampleBatch):
     """A :class:`SampleBatch` that also says each sample's source (its index in the names)."""
 
-    def __init__(self, images: Any, labels: torch.Tensor, sources: torch.Tensor) -> None:
-        super().__init__(images, labels)
+    def __init__(
+        self,
+        images: Any,
+        labels: torch.Tensor,
+        sources: torch.Tensor,
+        field_values: Sequence[list[Any]] = (),
+        specs: Sequence[FieldSpec] = (),
+    ) -> None:
+        super().__init__(images, labels, field_values, specs)
         self.sources = sources
 
     def __getitem__(self, i):  # type: ignore[override]
-        return self.images[i], int(self.labels[i]), int(self.sources[i])
+        values = (column[i] for column in self.field_values)
+        return self.images[i], int(self.labels[i]), int(self.sources[i]), *values
 
 
 class MixtureDataset(Dataset):
@@ -65,19 +74,24 @@ class MixtureDataset(Dataset):
         source = np.searchsorted(self.offsets[1:], index, side="right")
         return source, index - self.offsets[source]
 
-    def __getitem__(self, index: int) -> tuple[Any, int, int]:
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
         source, local = self._split(np.asarray([index]))
-        image, label = self.datasets[self.names[int(source[0])]][int(local[0])][:2]
-        return image, label, int(source[0])
+        image, label, *values = self.datasets[self.names[int(source[0])]][int(local[0])]
+        return image, label, int(source[0]), *values
 
     def __getitems__(self, indices: Sequence[int]) -> MixtureBatch:
         source, local = self._split(np.asarray(indices, np.int64))
         labels = torch.empty(len(source), dtype=torch.int64)
+        first = self.datasets[self.names[0]]
+        fields: list[list[Any]] = [[None] * len(source) for _ in first.field_names]
         images: Any = None
         for k in np.unique(source).tolist():
             rows = np.flatnonzero(source == k)
             part = self.datasets[self.names[k]].__getitems__(local[rows].tolist())
             labels[rows] = part.labels
+            for column, values in zip(fields, part.field_values, strict=True):
+                for row, value in zip(rows.tolist(), values, strict=True):
+                    column[row] = value
             if isinstance(part.images, torch.Tensor) and not isinstance(images, list):
                 if images is None:
                     images = new_batch((len(source), *part.images.shape[1:]), torch.uint8)
@@ -86,7 +100,8 @@ class MixtureDataset(Dataset):
                 images = _as_list(images, len(source))
                 for row, image in zip(rows.tolist(), part.images, strict=True):
                     images[row] = image
-        return MixtureBatch(images, labels, torch.from_numpy(source.astype(np.int64)))
+        sources = torch.from_numpy(source.astype(np.int64))
+        return MixtureBatch(images, labels, sources, fields, first.field_specs)
 
     def set_epoch(self, epoch: int) -> None:
         for dataset in self.datasets.values():
@@ -103,16 +118,18 @@ def mixture_collate(batch: Any) -> Any:
     """``(images, labels, sources)`` of a :class:`MixtureBatch` (through a worker's shared
     batch pool when the images lie there), or of a list of ``(image, label, source)``."""
     if isinstance(batch, MixtureBatch):
-        images, labels, sources = batch.images, batch.labels, batch.sources
+        images, labels = batch.images, batch.labels
+        rest = (batch.sources, *batch.field_batches())
         if isinstance(images, torch.Tensor):
-            return hand_over(images, labels, (sources,)) or (images, labels, sources)
-        return images, labels, sources
+            return hand_over(images, labels, rest) or (images, labels, *rest)
+        return images, labels, *rest
     images = [item[0] for item in batch]
     labels = torch.tensor([int(item[1]) for item in batch])
     sources = torch.tensor([int(item[2]) for item in batch])
+    fields = [[item[k] for item in batch] for k in range(3, len(batch[0]) if batch else 3)]
     if len({tuple(i.shape) for i in images}) == 1:
-        return torch.stack(images), labels, sources
-    return images, labels, sources
+        return torch.stack(images), labels, sources, *fields
+    return images, labels, sources, *fields
 
 
 class MixtureSampler(EpochSampler):
@@ -121,14 +138,34 @@ class MixtureSampler(EpochSampler):
 
     orders = ("mixture",)
 
-    def __init__(self, dataset: MixtureDataset, mixture: Mixture, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: MixtureDataset, mixture: Mixture, reweight: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(mixture.epoch_size, shuffle=True, seed=mixture.seed, **kwargs)
         self.mixture = mixture
+        self.reweight = reweight
         self._offsets = dataset.offsets
         self._dataset_set_epoch = dataset.set_epoch
 
     def _epoch_order(self, state: EpochState) -> _GlobalOrder:
         return _GlobalOrder(self.mixture.order(state.epoch), self._offsets)
+
+    def take_mixture(self, state: Any) -> None:
+        """Adopt the mixture ``state`` records (checked by :meth:`Mixture.resumed`)."""
+        if not isinstance(state, dict) or "mixture" not in state:
+            raise ValueError("loader state records no mixture: it is a single dataset's")
+        epoch_state = self.loaded_state(state)
+        self.mixture = self.mixture.resumed(
+            state["mixture"], epoch_state.epoch, epoch_state.fresh, self.reweight
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`EpochSampler.state_dict` and the mixture (for ``StatefulDataLoader``)."""
+        return {**super().state_dict(), "mixture": self.mixture.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.take_mixture(state)
+        super().load_state_dict(state)
 
 
 class _GlobalOrder:
@@ -148,10 +185,6 @@ class MixtureLoader(Loader):
 
     source: MixtureSampler
 
-    def __init__(self, sampler: MixtureSampler, make_dataloader: Any, reweight: bool) -> None:
-        super().__init__(sampler, make_dataloader)
-        self.reweight = reweight
-
     @property
     def sources(self) -> tuple[str, ...]:
         return self.source.mixture.names
@@ -170,12 +203,7 @@ class MixtureLoader(Loader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (any world size); a state of another mixture is a
         ``ValueError`` naming the difference (other weights: unless ``reweight=True``)."""
-        if not isinstance(state, dict) or "mixture" not in state:
-            raise ValueError("loader state records no mixture: it is a single dataset's")
-        epoch_state = self.source.loaded_state(state)
-        self.source.mixture = self.source.mixture.resumed(
-            state["mixture"], epoch_state.epoch, epoch_state.fresh, self.reweight
-        )
+        self.source.take_mixture(state)
         super().load_state_dict(state)
 
 
@@ -193,6 +221,7 @@ def make_mixture_loader(
     distributed: bool | None = None,
     drop_last: bool = False,
     crop: Crop | None = None,
+    fields: Sequence[str] | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -209,20 +238,26 @@ def make_mixture_loader(
         stratify: every batch holds each source's share (see :mod:`readers.epochs.mixture`).
         reweight: let :meth:`MixtureLoader.load_state_dict` take a state saved with other
             weights: these apply from its position on (its epoch if fresh, else the next).
+        fields: fields every source has, batched after ``sources``.
         The rest: as :func:`readers.make_loader`.
 
     Raises:
         ValueError: sources whose images cannot form one batch (different sizes after
-            ``crop=``), naming each with its size; weights that name other sources.
+            ``crop=``), naming each with its size; sources lacking a field asked for, or
+            holding it as another kind, naming them; weights that name other sources.
     """
     if not paths:
         raise ValueError("a mixture needs at least one source")
     placement = Placement.for_loader(distributed, rank, world_size)
-    datasets = {
-        str(name): with_read_options(p, None, None, True, crop)
+    opened = {
+        str(name): p
         if isinstance(p, ImageDataset)
-        else open_dataset(p, crop=crop, storage_options=storage_options, cache_dir=cache_dir)
+        else open_dataset(p, storage_options=storage_options, cache_dir=cache_dir)
         for name, p in paths.items()
+    }
+    _require_fields(opened, fields)
+    datasets = {
+        name: with_read_options(d, None, None, True, crop, fields) for name, d in opened.items()
     }
     _require_one_shape(datasets)
     sources = tuple(
@@ -238,7 +273,12 @@ def make_mixture_loader(
     mixture = Mixture(sources, make_schedule(weights, sources), size, seed, stratify, shuffle)
     dataset = MixtureDataset(datasets)
     sampler = MixtureSampler(
-        dataset, mixture, drop_last=drop_last, batch_size=batch_size, placement=placement
+        dataset,
+        mixture,
+        reweight,
+        drop_last=drop_last,
+        batch_size=batch_size,
+        placement=placement,
     )
     dataloader_kwargs.setdefault("collate_fn", mixture_collate)
 
@@ -251,7 +291,19 @@ def make_mixture_loader(
             **dataloader_kwargs,
         )
 
-    return MixtureLoader(sampler, make_dataloader, reweight)
+    return MixtureLoader(sampler, make_dataloader)
+
+
+def _require_fields(datasets: Mapping[str, ImageDataset], fields: Sequence[str] | None) -> None:
+    """Refuse fields a source lacks or holds as another kind, naming the sources."""
+    for name in fields or ():
+        lacking = [k for k, d in datasets.items() if name not in d.manifest.fields]
+        if lacking:
+            raise ValueError(f"mixture sources without the field {name!r}: {', '.join(lacking)}")
+        kinds = {k: d.manifest.fields[name] for k, d in datasets.items()}
+        if len(set(kinds.values())) > 1:
+            shown = ", ".join(f"{k} {spec.to_json()}" for k, spec in kinds.items())
+            raise ValueError(f"mixture sources hold the field {name!r} as different kinds: {shown}")
 
 
 def _require_one_shape(datasets: Mapping[str, ImageDataset]) -> None:

@@ -10,7 +10,7 @@ DataLoader in a :class:`Loader` that counts the batches it hands out, so that
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Subset
 from readers.batch import collate, collate_any
 from readers.batch_pool import release_ended_pools
 from readers.dataset import ImageDataset, Transform, open_dataset
+from readers.epochs.mixture import WeightsArg
 from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler, selected_indices
 from readers.epochs.split import Split
@@ -136,13 +137,13 @@ class Loader:
         if state.fresh:
             self.source.set_epoch(state.epoch)
         if self.source.epoch_state != state:
-            self.source.load_state_dict(state.state_dict(self.source.world_size))
+            self.source.resume(state)
             if isinstance(self.source, WdsStream) and self.dataloader.persistent_workers:
                 self.dataloader = self._make_dataloader()  # running workers hold a copy
 
 
 def make_loader(
-    path: str | os.PathLike[str] | ImageDataset | Subset,
+    path: str | os.PathLike[str] | ImageDataset | Subset | Mapping[str, Any],
     batch_size: int,
     *,
     indices: Sequence[int] | np.ndarray | None = None,
@@ -162,14 +163,22 @@ def make_loader(
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     fields: Sequence[str] | None = None,
+    weights: WeightsArg = None,
+    epoch_size: int | None = None,
+    stratify: bool = False,
+    reweight: bool = False,
     **dataloader_kwargs: Any,
 ) -> Loader:
-    """Build a :class:`Loader` for the imgpack dataset at ``path`` (any format).
+    """Build a :class:`Loader` for the imgpack dataset at ``path`` (any format), or for a
+    weighted mixture of several.
 
     Args:
         path: a dataset folder or URL (``s3://bucket/prefix``), a map-style dataset
             already opened, or a ``torch.utils.data.Subset`` of one (what ``random_split``
-            returns; nested subsets too): then only its samples are read.
+            returns; nested subsets too): then only its samples are read. A mapping
+            ``{name: path or dataset}`` reads a mixture of them (``weights=``...): batches
+            are ``(images, labels, sources, *fields)``, see
+            :func:`readers.mixture_dataset.make_mixture_loader` and docs/DISTRIBUTED.md.
         batch_size: samples per batch on each rank.
         indices: read only these samples (of the subset, when ``path`` is one): epochs,
             shares, ``len()`` and the resumable state are over them, and a state saved over
@@ -203,6 +212,10 @@ def make_loader(
             (:func:`readers.collate`); crops and transforms touch the images only. Pick
             the samples by their fields with ``readers.open_dataset(path).metadata()`` and
             pass the ``index`` of the rows kept as ``indices=``.
+        weights, epoch_size, stratify, reweight: a mixture's (``path`` a mapping):
+            ``{name: weight}`` or ``[(first epoch, {name: weight}), ...]`` (default: the
+            sources' lengths), the samples an epoch holds (default: their total), every
+            batch holding each source's share, and taking a state saved with other weights.
         **dataloader_kwargs: anything else ``DataLoader`` takes (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``...);
             ``collate_fn`` defaults to :func:`readers.collate`.
@@ -210,6 +223,41 @@ def make_loader(
     taken = [name for name in _OWN_ARGUMENTS if name in dataloader_kwargs]
     if taken:
         raise ValueError(f"make_loader chooses {', '.join(taken)} itself; do not pass it")
+    mixing = {"weights": weights, "epoch_size": epoch_size, "stratify": stratify}
+    if isinstance(path, Mapping):
+        single = {
+            "indices": indices is not None,
+            "stream": stream,
+            "transform": transform is not None,
+            "decode_threads": decode_threads is not None,
+            "decode": not decode,
+        }
+        if any(single.values()):
+            named = ", ".join(f"{k}=" for k, v in single.items() if v)
+            raise ValueError(f"{named} read one dataset; a mixture's sources are read decoded")
+        from readers.mixture_dataset import make_mixture_loader  # it builds on this module
+
+        return make_mixture_loader(
+            path,
+            batch_size,
+            **mixing,
+            reweight=reweight,
+            shuffle=shuffle,
+            seed=seed,
+            num_workers=num_workers,
+            distributed=distributed,
+            drop_last=drop_last,
+            crop=crop,
+            fields=fields,
+            rank=rank,
+            world_size=world_size,
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            **dataloader_kwargs,
+        )
+    mixed = [f"{k}=" for k, v in {**mixing, "reweight": reweight}.items() if v not in (None, False)]
+    if mixed:
+        raise ValueError(f"{', '.join(mixed)} weigh a mixture: pass {{name: path, ...}} as path")
     placement = Placement.for_loader(distributed, rank, world_size)
     path, indices = _unwrap_subset(path, indices)
     if isinstance(path, ImageDataset):

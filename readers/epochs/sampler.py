@@ -137,8 +137,11 @@ class EpochSampler(EpochSource, Sampler[int]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (any world size): the rest of its epoch, then onwards."""
+        self.resume(self.loaded_state(state))
+
+    def resume(self, state: EpochState) -> None:
         self._place()
-        self._state = self.loaded_state(state)
+        self._state = state
         self._yielded = 0
 
 

@@ -256,6 +256,12 @@ class EpochSource:
         """``state`` (a ``state_dict``), checked against what this source reads."""
         return EpochState.from_dict(state, self.num_samples, self.seed, self.orders, self.subset)
 
+    def resume(self, state: EpochState) -> None:
+        """Continue from ``state`` (checked by :meth:`loaded_state`, or the loader's own):
+        what ``load_state_dict`` does once the dict is read, and how a :class:`Loader` hands
+        its state over without a round trip through a dict."""
+        raise NotImplementedError
+
     @property
     def epoch(self) -> int:
         return self._state.epoch

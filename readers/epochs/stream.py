@@ -176,7 +176,10 @@ class WdsStream(EpochSource, IterableDataset):
                 )
             self._state, self._skip = loaded, int(state["worker_samples"])
             return
-        self._state = self._iterating = loaded
+        self.resume(loaded)
+
+    def resume(self, state: EpochState) -> None:
+        self._state = self._iterating = state
         self._yielded = 0
         self._version += 1
         self._publish()
