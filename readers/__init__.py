@@ -40,7 +40,10 @@ if TYPE_CHECKING:  # what type checkers see; at run time each name is imported o
         WdsDataset,
         open_dataset,
     )
-    from readers.epochs.loader import Loader, make_loader
+    from readers.bucket_dataset import BucketLoader
+    from readers.epochs.buckets import AspectBuckets
+    from readers.epochs.loader import make_loader
+    from readers.epochs.loading import Loader
     from readers.epochs.sampler import EpochSampler
     from readers.epochs.stream import WdsStream
     from readers.feeding.device import DevicePrefetcher
@@ -69,8 +72,10 @@ _EXPORTS = {
     "PtDataset": "readers.dataset",
     "WdsDataset": "readers.dataset",
     "open_dataset": "readers.dataset",
-    "Loader": "readers.epochs.loader",
+    "BucketLoader": "readers.bucket_dataset",
+    "AspectBuckets": "readers.epochs.buckets",
     "make_loader": "readers.epochs.loader",
+    "Loader": "readers.epochs.loading",
     "EpochSampler": "readers.epochs.sampler",
     "WdsStream": "readers.epochs.stream",
     "DevicePrefetcher": "readers.feeding.device",
@@ -93,6 +98,8 @@ _EXPORTS = {
 
 __all__ = [
     "DATASETS",
+    "AspectBuckets",
+    "BucketLoader",
     "CenterCrop",
     "Crop",
     "DatasetError",

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 from readers.batch import SampleBatch, collate
 from readers.dataset import ImageDataset, open_dataset
 from readers.epochs.buckets import AspectBuckets, BucketPlan
-from readers.epochs.loader import Loader, with_read_options
+from readers.epochs.loading import Loader, with_read_options
 from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler, selected_indices
 from readers.epochs.state import EpochState, subset_digest

@@ -358,3 +358,26 @@ def test_a_subset_is_bucketed_over_its_own_samples_and_its_state_names_them(phot
     shifted = make_bucket_loader(photos["wds-original"], 3, BUCKETS, indices=keep[::-1])
     with pytest.raises(ValueError, match=r"buckets with (assignment|subset)="):
         shifted.load_state_dict(state)
+
+
+def test_make_loader_takes_buckets_and_refuses_what_they_cannot_go_with(photos, tmp_path):
+    loader = readers.make_loader(
+        photos["hdf5-raw"], 3, buckets=readers.AspectBuckets(BUCKETS.sizes), seed=2, rank=1,
+        world_size=2, num_workers=2, persistent_workers=True,
+    )  # fmt: skip
+    assert isinstance(loader, readers.BucketLoader)
+    mine = make_bucket_loader(photos["hdf5-raw"], 3, BUCKETS, seed=2, rank=1, world_size=2)
+    for _ in range(2):  # persistent workers, two epochs: the same batches as the function's
+        assert sample_ids(loader) == sample_ids(mine)
+    ds = readers.open_dataset(photos["hdf5-raw"])
+    part = torch.utils.data.Subset(ds, list(range(0, N, 3)))
+    assert sorted(sample_ids(readers.make_loader(part, 2, buckets=BUCKETS))) == part.indices
+    for bad, named in [
+        ({"crop": readers.CenterCrop(64)}, "crop="),
+        ({"stream": True}, "stream="),
+        ({"weights": {"a": 1}}, "weights="),
+    ]:
+        with pytest.raises(ValueError, match=named):
+            readers.make_loader(photos["wds-original"], 2, buckets=BUCKETS, **bad)
+    with pytest.raises(ValueError, match="over a mixture are not built"):
+        readers.make_loader({"a": photos["pt-original"]}, 2, buckets=BUCKETS)

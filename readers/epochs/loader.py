@@ -10,136 +10,27 @@ DataLoader in a :class:`Loader` that counts the batches it hands out, so that
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from torch.utils.data import DataLoader, Subset
 
 from readers.batch import collate, collate_any
-from readers.batch_pool import release_ended_pools
 from readers.dataset import ImageDataset, Transform, open_dataset
+from readers.epochs.buckets import AspectBuckets
+from readers.epochs.loading import Loader, with_read_options
 from readers.epochs.mixture import WeightsArg
 from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler, selected_indices
-from readers.epochs.split import Split
-from readers.epochs.state import EpochState
 from readers.epochs.stream import WdsStream
 from readers.images.crop import Crop
 from readers.manifest import load_manifest
 from readers.storage.location import Location
 
-__all__ = ["Loader", "make_loader", "with_read_options"]
+__all__ = ["Loader", "make_loader", "with_read_options"]  # Loader, with_read_options: loading.py
 
 _OWN_ARGUMENTS = ("sampler", "batch_sampler", "shuffle")
-
-
-class Loader:
-    """A DataLoader over an imgpack dataset with exact epochs and mid-epoch resume.
-
-    Iterate it for this rank's batches of one epoch; ``len()`` is their number, the same on
-    every rank and known before the epoch starts. A finished pass moves on to the next
-    epoch by itself; :meth:`set_epoch` picks one explicitly. :meth:`state_dict` is small
-    and JSON-ready; :meth:`load_state_dict` continues the epoch it describes, with the same
-    or another world size, without reading what was already consumed.
-    """
-
-    def __init__(
-        self,
-        source: EpochSampler | WdsStream,
-        make_dataloader: Callable[[], DataLoader],
-    ) -> None:
-        self.source = source
-        self._make_dataloader = make_dataloader
-        self.dataloader = make_dataloader()
-        self._state = source.start_state(0)
-        self._split: Split | None = None  # of the iteration in progress
-        self._batches = 0  # yielded by it
-        self._generation = 0  # bumped to detach an abandoned iterator
-
-    @property
-    def dataset(self) -> Any:
-        """What the DataLoader reads: over a subset, the whole dataset under it (the sampler
-        hands out the subset's indices of it), so ``classes`` and the like are there."""
-        return self.dataloader.dataset
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next (or current) iteration reads."""
-        return self._current().epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Read ``epoch`` next, from its start; keeps a loaded state of the same epoch."""
-        if epoch != self._current().epoch:
-            self._restart(self._current().start_of(epoch))
-
-    def state_dict(self) -> dict[str, Any]:
-        """Epoch, seed, samples consumed, world size and the position ranges left."""
-        return self._current().state_dict(self.source.world_size)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state``: the rest of its epoch on this world size, then onwards."""
-        self._restart(self.source.loaded_state(state))
-
-    def __len__(self) -> int:
-        return self._plan(self._current()).batches
-
-    def __iter__(self) -> Iterator[Any]:
-        state = self._current()
-        self._start_source(state)
-        split = self._plan(state)
-        self._generation += 1
-        generation = self._generation
-        self._state, self._split, self._batches = state, split, 0
-        batches = iter(self.dataloader)
-        try:
-            for batch in batches:
-                if generation == self._generation:
-                    self._batches += 1
-                yield batch
-        except Exception as error:
-            if not self.dataloader.num_workers:
-                raise
-            # A worker's error (its traceback is in the message): torch's iterator, held by
-            # the traceback's frames, would stop its workers only when a later garbage
-            # collection finds it, its queues closed first, 5 s late. Dropped now, it stops
-            # them at once.
-            del batches
-            raise error.with_traceback(None) from None
-        release_ended_pools()  # this epoch's workers have ended, unless persistent
-        if generation == self._generation:
-            if self._batches != split.batches:
-                raise RuntimeError(
-                    f"the DataLoader yielded {self._batches} batches where the epoch plan "
-                    f"has {split.batches}: was the dataset or sampler replaced?"
-                )
-            self._state, self._split, self._batches = self._current(), None, 0
-
-    # --- internals ----------------------------------------------------------------------
-    def _plan(self, state: EpochState) -> Split:
-        """How ``state`` is dealt: a stream's to this DataLoader's workers (each reads whole
-        read windows), a sampler's in the training process."""
-        workers = self.dataloader.num_workers if isinstance(self.source, WdsStream) else 1
-        return self.source.split(state, max(workers, 1))
-
-    def _current(self) -> EpochState:
-        split, batches = self._split, self._batches
-        if split is None:
-            return self._state
-        return self._state.advanced(split, split.consumed(batches), split.progress(batches))
-
-    def _restart(self, state: EpochState) -> None:
-        self._state, self._split, self._batches = state, None, 0
-        self._generation += 1
-
-    def _start_source(self, state: EpochState) -> None:
-        """Hand ``state`` to the sampler or stream before the DataLoader iterates."""
-        if state.fresh:
-            self.source.set_epoch(state.epoch)
-        if self.source.epoch_state != state:
-            self.source.resume(state)
-            if isinstance(self.source, WdsStream) and self.dataloader.persistent_workers:
-                self.dataloader = self._make_dataloader()  # running workers hold a copy
 
 
 def make_loader(
@@ -167,6 +58,7 @@ def make_loader(
     epoch_size: int | None = None,
     stratify: bool = False,
     reweight: bool = False,
+    buckets: AspectBuckets | None = None,
     **dataloader_kwargs: Any,
 ) -> Loader:
     """Build a :class:`Loader` for the imgpack dataset at ``path`` (any format), or for a
@@ -216,6 +108,10 @@ def make_loader(
             ``{name: weight}`` or ``[(first epoch, {name: weight}), ...]`` (default: the
             sources' lengths), the samples an epoch holds (default: their total), every
             batch holding each source's share, and taking a state saved with other weights.
+        buckets: :class:`readers.AspectBuckets`: every batch of one aspect-ratio bucket,
+            its images resized to cover the bucket's shape and cropped to it
+            (:func:`readers.bucket_dataset.make_bucket_loader`, docs/DISTRIBUTED.md); in
+            place of ``crop=``, over one map-style dataset.
         **dataloader_kwargs: anything else ``DataLoader`` takes (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``...);
             ``collate_fn`` defaults to :func:`readers.collate`.
@@ -224,6 +120,8 @@ def make_loader(
     if taken:
         raise ValueError(f"make_loader chooses {', '.join(taken)} itself; do not pass it")
     mixing = {"weights": weights, "epoch_size": epoch_size, "stratify": stratify}
+    if buckets is not None:
+        return _bucketed(path, batch_size, buckets, locals(), dataloader_kwargs)
     if isinstance(path, Mapping):
         single = {
             "indices": indices is not None,
@@ -340,50 +238,6 @@ def make_loader(
     return Loader(source, make_dataloader)
 
 
-def with_read_options(
-    dataset: ImageDataset,
-    transform: Transform | None,
-    decode_threads: int | None,
-    decode: bool,
-    crop: Crop | None,
-    fields: Sequence[str] | None = None,
-) -> ImageDataset:
-    """``dataset`` as :func:`make_loader` reads it: with the read options given to
-    ``make_loader`` as well as its own, on a new dataset over the same manifest (the one
-    passed is left as it is). Each option is taken from whichever of the two sets it
-    (``fields``: a dataset opened without ``fields=`` sets none).
-
-    Raises:
-        ValueError: naming the option that ``make_loader`` and the dataset both set,
-            differently; or as :class:`ImageDataset` for ``transform``/``crop`` without
-            decoding.
-    """
-    given = {
-        "transform": transform,
-        "decode_threads": decode_threads,
-        "crop": crop,
-        "fields": None if fields is None else tuple(fields),
-    }
-    owns = {name: getattr(dataset, name) for name in ("transform", "decode_threads", "crop")}
-    owns.update(fields=dataset.field_names or None, decode=dataset.decode)
-    chosen: dict[str, Any] = {}
-    for name, value in given.items():
-        own = owns[name]
-        if value is not None and own is not None and value is not own and value != own:
-            shown = [
-                repr(v) if isinstance(v, int | tuple) else type(v).__name__ for v in (value, own)
-            ]
-            raise ValueError(
-                f"make_loader({name}={shown[0]}) over a dataset opened with another {name}= "
-                f"({shown[1]}): pass {name}= to one of them"
-            )
-        chosen[name] = value if own is None else own
-    chosen["decode"] = dataset.decode and decode
-    if all(owns[name] is value for name, value in chosen.items()):
-        return dataset
-    return type(dataset)(dataset.manifest, opener=dataset.opener, **chosen)
-
-
 def _unwrap_subset(
     path: Any, indices: Sequence[int] | np.ndarray | None
 ) -> tuple[str | os.PathLike[str] | ImageDataset, np.ndarray | None]:
@@ -402,3 +256,35 @@ def _unwrap_subset(
             f"readers.open_dataset, or a torch Subset of one; not {what}"
         )
     return path, chosen
+
+
+def _bucketed(
+    path: Any,
+    batch_size: int,
+    buckets: AspectBuckets,
+    given: dict[str, Any],
+    dataloader_kwargs: dict[str, Any],
+) -> Loader:
+    """:func:`make_loader` with ``buckets=``: the bucket loader, or what it cannot take named."""
+    refused = {
+        "a mapping (buckets over a mixture are not built yet)": isinstance(path, Mapping),
+        "stream=": given["stream"],
+        "transform=": given["transform"] is not None,
+        "crop= (the buckets crop)": given["crop"] is not None,
+        "decode=False": not given["decode"],
+        "weights=, epoch_size=, stratify=, reweight=": any(
+            given[k] not in (None, False) for k in ("weights", "epoch_size", "stratify", "reweight")
+        ),
+    }
+    if any(refused.values()):
+        named = "; ".join(k for k, v in refused.items() if v)
+        raise ValueError(f"buckets= reads one map-style dataset decoded: not with {named}")
+    from readers.bucket_dataset import make_bucket_loader  # it builds on readers.epochs.loading
+
+    dataset, indices = _unwrap_subset(path, given["indices"])
+    keep = ("shuffle", "seed", "num_workers", "distributed", "drop_last", "decode_threads")
+    keep += ("fields", "rank", "world_size", "storage_options", "cache_dir")
+    options = {name: given[name] for name in keep}
+    return make_bucket_loader(
+        dataset, batch_size, buckets, indices=indices, **options, **dataloader_kwargs
+    )
