@@ -2,7 +2,7 @@
 :func:`with_read_options`: what the mixture and bucket loaders build on too, kept apart from
 ``make_loader`` so that it can hand a mapping or ``buckets=`` to them without a circle.
 
-A :class:`Loader` wraps the DataLoader, counts the batches it hands out, so that
+A :class:`Loader` wraps the DataLoader and counts the batches it hands out, so that
 ``state_dict()`` says exactly where the epoch stands on every rank.
 """
 
