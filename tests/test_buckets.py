@@ -381,3 +381,33 @@ def test_make_loader_takes_buckets_and_refuses_what_they_cannot_go_with(photos, 
             readers.make_loader(photos["wds-original"], 2, buckets=BUCKETS, **bad)
     with pytest.raises(ValueError, match="over a mixture are not built"):
         readers.make_loader({"a": photos["pt-original"]}, 2, buckets=BUCKETS)
+
+
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+@pytest.mark.parametrize("workers", [0, 2], ids=["main", "fork2"])
+def test_buckets_resume_under_statefuldataloader(photos, workers):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make() -> Any:
+        bucketed = readers.make_loader(photos["pt-original"], 3, buckets=BUCKETS, seed=5)
+        return stateful.StatefulDataLoader(
+            bucketed.dataset,
+            batch_size=None,
+            sampler=bucketed.source,
+            num_workers=workers,
+            collate_fn=readers.collate,
+            multiprocessing_context="fork" if workers else None,
+        )
+
+    def ids(batches: Any) -> list[int]:
+        return [i for _, labels in batches for i in labels.tolist()]
+
+    whole = ids(make())
+    assert sorted(whole) == list(range(N))
+    loader = make()
+    batches = iter(loader)
+    first = ids([next(batches), next(batches)])
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert first + ids(resumed) == whole
