@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time each name is imported on first use
     from readers.batch import Sample, SampleBatch, collate, collate_any
+    from readers.bucket_dataset import BucketLoader
     from readers.dataset import (
         DATASETS,
         Hdf5Dataset,
@@ -40,7 +41,6 @@ if TYPE_CHECKING:  # what type checkers see; at run time each name is imported o
         WdsDataset,
         open_dataset,
     )
-    from readers.bucket_dataset import BucketLoader
     from readers.epochs.buckets import AspectBuckets
     from readers.epochs.loader import make_loader
     from readers.epochs.loading import Loader
