@@ -285,9 +285,6 @@ class ImageDataset(StoredReads, ImageFolderAttributes, Dataset):
             self.decode_threads or default_decode_threads(),
         )
 
-    def _where(self, shard: int, local: int) -> str:
-        return f"{self.manifest.shard_path(shard)}[{local}]"
-
     def _to_tensor(self, value: Any, shard: int, local: int) -> torch.Tensor:
         if not self.decode and not isinstance(value, np.ndarray):
             return torch.frombuffer(bytearray(value), dtype=torch.uint8)

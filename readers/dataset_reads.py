@@ -13,12 +13,14 @@ checked, and never through the images.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property, partial
 from itertools import groupby
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from readers.batch import Sample
 from readers.fields import FieldSpec
@@ -30,7 +32,7 @@ from readers.spec import DatasetError
 if TYPE_CHECKING:
     import pyarrow
 
-__all__ = ["StoredReads", "by_shard", "chosen_fields"]
+__all__ = ["StoredBatch", "StoredReads", "by_shard", "chosen_fields"]
 
 
 def chosen_fields(schema: Mapping[str, FieldSpec], fields: Any, where: object) -> tuple[str, ...]:
@@ -67,6 +69,19 @@ def by_shard(
         for row, value in zip(rows, read(shard, [located[r][1] for r in rows]), strict=True):
             values[row] = value
     return values
+
+
+@dataclass(frozen=True)
+class StoredBatch:
+    """A batch's samples as stored (:meth:`ImageDataset.stored_batch`): values, labels and
+    the fields chosen; ``where(row)`` names a sample in errors; ``verified``: every value
+    passed the CRC-32 recorded at conversion (the kernel may stop decoding after a box)."""
+
+    values: list[Any]
+    labels: torch.Tensor
+    field_values: tuple[list[Any], ...]
+    where: Callable[[int], str]
+    verified: bool
 
 
 class StoredReads:
@@ -130,6 +145,23 @@ class StoredReads:
     def _read_located(self, located: Sequence[tuple[int, int]]) -> list[Any]:
         """:meth:`read_stored` of the samples ``(shard, local index)``."""
         return by_shard(located, lambda shard, local: self.shard(shard).read_many(local))
+
+    def stored_batch(self, indices: Sequence[int]) -> StoredBatch:
+        """Samples ``indices`` before decoding, with what decoding them needs: the batches
+        of several datasets join into one :func:`readers.images.fused.crop_parts` call (a
+        mixture's, :class:`readers.mixture_dataset.MixtureDataset`)."""
+        located = [self.locate(i) for i in indices]
+        return StoredBatch(
+            values=self._read_located(located),
+            labels=torch.tensor([int(self.shard(s).labels[k]) for s, k in located]),
+            field_values=self._fields_of(located),
+            where=lambda row: self._where(*located[row]),
+            verified=all(self.shard(s).verified for s in {s for s, _ in located}),
+        )
+
+    def _where(self, shard: int, local: int) -> str:
+        """A sample as errors name it: ``shard_path[local]``."""
+        return f"{self.manifest.shard_path(shard)}[{local}]"
 
     def read_fields(self, indices: Sequence[int]) -> tuple[list[Any], ...]:
         """The values of :attr:`field_names` of samples ``indices``: one list per field, in

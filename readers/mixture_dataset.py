@@ -10,7 +10,9 @@ Batches are ``(images, labels, sources)``, ``sources`` an int64 tensor indexing
 
 from __future__ import annotations
 
+import itertools
 import os
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
 from typing import Any
@@ -22,13 +24,16 @@ from torch.utils.data import DataLoader, Dataset
 from readers.batch import SampleBatch, new_batch
 from readers.batch_pool import hand_over
 from readers.dataset import ImageDataset, open_dataset
-from readers.epochs.loader import Loader, with_read_options
+from readers.dataset_reads import StoredBatch
+from readers.epochs.loading import Loader, with_read_options
 from readers.epochs.mixture import Mixture, MixtureOrder, MixtureSource, WeightsArg, make_schedule
-from readers.epochs.placement import Placement
+from readers.epochs.placement import Placement, default_decode_threads
 from readers.epochs.sampler import EpochSampler
 from readers.epochs.state import EpochState
 from readers.fields import FieldSpec
 from readers.images.crop import Crop
+from readers.images.fused import crop_parts
+from readers.images.pool import DecodePool
 
 __all__ = [
     "MixtureBatch",
@@ -66,6 +71,7 @@ class MixtureDataset(Dataset):
         self.datasets = dict(datasets)
         self.names = tuple(self.datasets)
         self.offsets = np.asarray([0, *accumulate(len(d) for d in self.datasets.values())])
+        self._pool = DecodePool()  # the crops' threads, as each dataset has its own
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -80,38 +86,77 @@ class MixtureDataset(Dataset):
         return image, label, int(source[0]), *values
 
     def __getitems__(self, indices: Sequence[int]) -> MixtureBatch:
+        """The samples ``indices`` names, their rows grouped by source (in the order of
+        the names). With ``crop=`` every source's samples are decoded in one call, straight
+        into the batch (a call per source costs each its own wait for the decode threads)."""
         source, local = self._split(np.asarray(indices, np.int64))
-        labels = torch.empty(len(source), dtype=torch.int64)
+        grouped = np.argsort(source, kind="stable")
+        source, local = source[grouped], local[grouped]
+        bounds = np.searchsorted(source, np.arange(len(self.names) + 1)).tolist()
+        parts = [
+            (self.datasets[self.names[k]], local[lo:hi].tolist())
+            for k, (lo, hi) in enumerate(itertools.pairwise(bounds))
+            if lo < hi
+        ]
         first = self.datasets[self.names[0]]
-        fields: list[list[Any]] = [[None] * len(source) for _ in first.field_names]
-        images: Any = None
-        for k in np.unique(source).tolist():
-            rows = np.flatnonzero(source == k)
-            part = self.datasets[self.names[k]].__getitems__(local[rows].tolist())
-            labels[rows] = part.labels
-            for column, values in zip(fields, part.field_values, strict=True):
-                for row, value in zip(rows.tolist(), values, strict=True):
-                    column[row] = value
-            if isinstance(part.images, torch.Tensor) and not isinstance(images, list):
-                if images is None:
-                    images = new_batch((len(source), *part.images.shape[1:]), torch.uint8)
-                images[torch.from_numpy(rows)] = part.images
-            else:
-                images = _as_list(images, len(source))
-                for row, image in zip(rows.tolist(), part.images, strict=True):
-                    images[row] = image
         sources = torch.from_numpy(source.astype(np.int64))
+        if first.crop is not None and first.transform is None and parts:
+            stored = [dataset.stored_batch(rows) for dataset, rows in parts]
+            images = self._crop(first, stored, self.offsets[source] + local)
+            labels = torch.cat([s.labels for s in stored])
+            columns = [s.field_values for s in stored]
+        else:
+            batches = [dataset.__getitems__(rows) for dataset, rows in parts]
+            images = _joined([b.images for b in batches])
+            labels = torch.cat([b.labels for b in batches]) if batches else torch.empty(0).long()
+            columns = [b.field_values for b in batches]
+        fields = [[v for part in columns for v in part[k]] for k in range(len(first.field_names))]
         return MixtureBatch(images, labels, sources, fields, first.field_specs)
+
+    def _crop(
+        self, first: ImageDataset, stored: list[StoredBatch], indices: np.ndarray
+    ) -> torch.Tensor:
+        """The sources' crops in one batch tensor, decoded in one call: the random crops
+        drawn by each sample's index in the mixture (sources laid end to end)."""
+        crop = first.crop
+        assert crop is not None
+        shape = (len(indices), 3, *crop.size)
+        images = new_batch(shape, torch.uint8, channels_last=crop.channels_last)
+        starts = list(accumulate((len(s.values) for s in stored), initial=0))
+
+        def where(row: int) -> str:
+            part = bisect_right(starts, row) - 1
+            return stored[part].where(row - starts[part])
+
+        crop_parts(
+            [value for s in stored for value in s.values],
+            indices,
+            crop,
+            images.permute(0, 2, 3, 1).numpy(),
+            where,
+            all(s.verified for s in stored),
+            self._pool,
+            first.decode_threads or default_decode_threads(),
+        )
+        return images
 
     def set_epoch(self, epoch: int) -> None:
         for dataset in self.datasets.values():
             dataset.set_epoch(epoch)
 
 
-def _as_list(images: Any, n: int) -> list[Any]:
-    if isinstance(images, list):
-        return images
-    return [None] * n if images is None else list(images)
+def _joined(parts: list[Any]) -> Any:
+    """The sources' images as one batch: a tensor when every part is a tensor of one image
+    shape (one copy of each part into its rows), else a list."""
+    tensors = all(isinstance(part, torch.Tensor) for part in parts)
+    if not parts or not tensors or len({tuple(part.shape[1:]) for part in parts}) > 1:
+        return [image for part in parts for image in part]
+    out = new_batch((sum(len(part) for part in parts), *parts[0].shape[1:]), torch.uint8)
+    lo = 0
+    for part in parts:
+        out[lo : lo + len(part)] = part
+        lo += len(part)
+    return out
 
 
 def mixture_collate(batch: Any) -> Any:

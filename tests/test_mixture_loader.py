@@ -19,6 +19,7 @@ from readers.mixture_dataset import make_mixture_loader, mixture_collate
 from tests.conftest import SAMPLE_DATA
 from tests.test_fields_sources import CAPTIONS, convert, img2dataset_shards
 from tests.test_object_storage import BUCKET, s3_server  # noqa: F401 (the fixture)
+from tests.test_reader_faults import flip_middle_byte_of_sample
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -167,3 +168,19 @@ def test_a_source_in_object_storage_mixes_with_a_local_one(sources, tmp_path):
     from_remote = [(d, caption) for name, d, caption in got if name == "remote"]
     assert len(from_remote) == 6 and {d for d, _ in from_remote} == set(remote)  # each once
     assert all(remote[d] == caption for d, caption in from_remote)
+
+
+def test_a_damaged_sample_is_named_by_its_own_source_in_a_cropped_batch(sources, tmp_path):
+    tars = img2dataset_shards(tmp_path / "tars")
+    convert(tars, tmp_path / "jpeg", "pt", on_error="fail", encoding="jpeg", resize=32)
+    flip_middle_byte_of_sample(tmp_path / "jpeg", 2)
+    loader = readers.make_loader(
+        {"a": sources["a"], "bad": tmp_path / "jpeg"},
+        12,
+        crop=readers.CenterCrop(16),
+        weights={"a": 1, "bad": 1},
+        epoch_size=12,  # bad's share is its 6 samples: all read in the one batch
+    )
+    shard = readers.load_manifest(tmp_path / "jpeg").shard_path(0)
+    with pytest.raises(readers.DatasetError, match=rf"{shard.name}\[2\]"):
+        list(loader)

@@ -8,7 +8,8 @@ centre crop after the full decode), ``centre`` or ``random`` (``crop=`` inside t
 ``CenterCrop(224, ratio=224/256)``, ``RandomResizedCrop(224, flip=True)``), ``noop``
 (``crop=CenterCrop(224)`` of images stored at 224: the kernel's crop path, no crop), ``none``
 (stored at that size: raw, or JPEGs read by the plain path). ``--fields txt,json``: read
-those fields too (``make_loader(..., fields=...)``). One untimed epoch, then
+those fields too (``make_loader(..., fields=...)``). Several datasets with ``make-loader``:
+their mixture (``make_loader({name: path}, ...)``, shares by length). One untimed epoch, then
 ``--passes`` epochs timed; the result line is ``{"rate": samples/s, "unit": "samples/s"}``.
 
     .venv/bin/python -m scripts.bench.ab --rev a662b92 --rounds 6 \\
@@ -37,8 +38,11 @@ CROPS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
-def wds_stream(root: Path, workers: int, options: dict[str, Any]) -> Callable[[int], Iterable]:
+def wds_stream(
+    roots: list[Path], workers: int, options: dict[str, Any]
+) -> Callable[[int], Iterable]:
     """An epoch's batches of a plain ``WdsStream`` in a ``DataLoader``."""
+    (root,) = roots
     stream = readers.WdsStream(root, shuffle_buffer=1000, seed=0, **options)
     loader = batch_loader(stream, workers)
 
@@ -49,10 +53,12 @@ def wds_stream(root: Path, workers: int, options: dict[str, Any]) -> Callable[[i
     return epoch
 
 
-def make_loader(root: Path, workers: int, options: dict[str, Any]) -> Callable[[int], Iterable]:
-    """An epoch's batches of ``readers.make_loader``."""
+def make_loader(
+    roots: list[Path], workers: int, options: dict[str, Any]
+) -> Callable[[int], Iterable]:
+    """An epoch's batches of ``readers.make_loader`` (of a mixture, given several roots)."""
     loader = readers.make_loader(
-        root,
+        roots[0] if len(roots) == 1 else {root.name: root for root in roots},
         BATCH,
         num_workers=workers,
         decode_threads=1 if workers else None,
@@ -72,7 +78,7 @@ READERS = {"wds-stream": wds_stream, "make-loader": make_loader}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("dataset", type=Path, help="an imgpack dataset folder")
+    parser.add_argument("dataset", type=Path, nargs="+", help="imgpack dataset folders")
     parser.add_argument("--reader", choices=READERS, default="wds-stream")
     parser.add_argument("--crop", choices=CROPS, default="transform")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")

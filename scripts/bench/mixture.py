@@ -1,0 +1,145 @@
+"""Mixtures (issue 31 §1), measured side by side in one run: what reading several sources
+by weight costs.
+
+rate:    ``make_loader`` samples/s (``crop=RandomResizedCrop(224, flip=True)``, batches of
+         64, no workers, decode threads on every usable core) over the benchmark folder
+         converted to one ``pt`` jpeg dataset at 256, against the same images converted the
+         same way as three datasets (classes 0-3, 4-6 and 7-9: 600, 450 and 450 images) read
+         as a mixture with shares by length: the same pixels, the same crops' work. Each
+         contender a child process (:mod:`scripts.bench.read_rate`), in interleaved rounds
+         whose order reverses each round; medians quoted. Target: >= 0.95x.
+resume:  a mixture of three sources totalling 1 B samples (600 M, 300 M, 100 M; weights
+         0.5, 0.3, 0.2; simulated: lengths only, no data), its state saved on 8 ranks after 40
+         steps of 256 and loaded on 12: the time from ``load_state_dict`` to the first batch
+         of indices and the peak extra RSS over it, in a fresh process, three runs. Target:
+         under 100 ms and 50 MB.
+
+    .venv/bin/python -m scripts.bench.mixture --folder bench-data/folder --rounds 5 [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from convert import ConvertOptions, convert_folder
+from scripts.bench.ab import run_child
+from scripts.bench.common import machine_info, print_machine, write_json
+from scripts.bench.epochs import rss_kib
+from scripts.bench.settings import FOLDER, QUALITY, RESIZE, ROOT, WORK
+
+PARTS = {"part-a": range(0, 4), "part-b": range(4, 7), "part-c": range(7, 10)}
+SIMULATED = {"a": 600_000_000, "b": 300_000_000, "c": 100_000_000}
+WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
+BATCH, STEPS, SAVED_ON, RESUMED_ON = 256, 40, 8, 12
+
+
+class Simulated:
+    """A source of ``n`` samples and nothing else: what a mixture's order and state see."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set_epoch(self, epoch: int) -> None:
+        """No crops to draw."""
+
+
+def simulated_sampler(rank: int, world_size: int) -> Any:
+    from readers.epochs.mixture import Mixture, MixtureSource, make_schedule
+    from readers.mixture_dataset import MixtureDataset, MixtureSampler
+
+    sources = tuple(MixtureSource(name, n, f"sha-{name}") for name, n in SIMULATED.items())
+    total = sum(SIMULATED.values())
+    mixture = Mixture(sources, make_schedule(WEIGHTS, sources), total, seed=3)
+    dataset = MixtureDataset({name: Simulated(n) for name, n in SIMULATED.items()})
+    return MixtureSampler(dataset, mixture, batch_size=BATCH, rank=rank, world_size=world_size)
+
+
+def child_resume() -> None:
+    """Save a state on ``SAVED_ON`` ranks, resume it on ``RESUMED_ON``: time and memory."""
+    from scripts.bench.child import emit
+
+    saved = simulated_sampler(0, SAVED_ON)
+    saved.set_epoch(2)
+    list(itertools.islice(iter(saved), STEPS * BATCH))
+    state = json.dumps(saved.state_dict())
+    del saved
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak RSS starts again from the current RSS
+    base = rss_kib("VmRSS")
+    start = time.perf_counter()
+    resumed = simulated_sampler(RESUMED_ON - 1, RESUMED_ON)
+    resumed.load_state_dict(json.loads(state))
+    batch = list(itertools.islice(iter(resumed), BATCH))
+    seconds = time.perf_counter() - start
+    emit(seconds=seconds, extra_mib=(rss_kib("VmHWM") - base) / 1024, state_bytes=len(state))
+    assert len(batch) == BATCH
+
+
+def convert(src: Path, dst: Path) -> Path:
+    options = ConvertOptions("pt", encoding="jpeg", resize=RESIZE, quality=QUALITY)
+    convert_folder(src, dst, options, workers=2, overwrite=True, progress=False)
+    return dst
+
+
+def datasets(folder: Path, work: Path) -> tuple[Path, list[Path]]:
+    """The folder as one dataset and as the three of ``PARTS`` (converted alike)."""
+    classes = sorted(p for p in folder.iterdir() if p.is_dir())
+    one = convert(folder, work / "one")
+    parts = []
+    for name, picked in PARTS.items():
+        src = work / f"src-{name}"
+        shutil.rmtree(src, ignore_errors=True)
+        src.mkdir(parents=True)
+        for k in picked:
+            (src / classes[k].name).symlink_to(classes[k].resolve())
+        parts.append(convert(src, work / name))
+    return one, parts
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["child-resume"]:
+        return child_resume()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--folder", type=Path, default=FOLDER)
+    parser.add_argument("--work", type=Path, default=WORK / "mixture")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    info = machine_info()
+    print_machine(info)
+    one, parts = datasets(args.folder, args.work)
+    read = ["--reader", "make-loader", "--crop", "random", "--passes", "2"]
+    contenders = {"one source": [str(one), *read], "mixture of 3": [*map(str, parts), *read]}
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    for k in range(args.rounds):
+        for name in list(contenders)[:: 1 if k % 2 == 0 else -1]:
+            rates[name].append(run_child(ROOT, "read_rate", contenders[name])["rate"])
+            print(f"  round {k}: {name} {rates[name][-1]:.0f}/s", flush=True)
+    ratios = [m / o for m, o in zip(rates["mixture of 3"], rates["one source"], strict=True)]
+    resumes = [run_child(ROOT, "mixture", ["child-resume"]) for _ in range(3)]
+    results = {
+        "machine": info,
+        "rates": rates,
+        "median_ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "resume_1b": resumes,
+    }
+    print(f"mixture / one source: median {results['median_ratio']:.3f} ({ratios})")
+    for r in resumes:
+        print(f"resume 1 B: {r['seconds'] * 1000:.1f} ms, {r['extra_mib']:.1f} MiB extra")
+    write_json(args.json, results)
+
+
+if __name__ == "__main__":
+    main()
