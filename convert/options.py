@@ -4,12 +4,12 @@ and the command line, so that none of them imports another for its types."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from convert.process import Transform
 from readers import spec
+from readers.cpus import usable_cpus
 
 __all__ = [
     "DEFAULT_SHARD_BYTES",
@@ -27,7 +27,7 @@ DEFAULT_SHARD_BYTES = {"pt": 1 << 30, "wds": 1 << 30, "hdf5": None, "lmdb": None
 
 def default_workers() -> int:
     """Usable CPUs of this process (respects taskset/cgroup affinity)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return usable_cpus()
 
 
 @dataclass(frozen=True)
