@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from convert.process import Transform
+from convert.writers import FORMAT_WRITERS
 from readers import spec
 from readers.cpus import usable_cpus
 
@@ -21,8 +22,10 @@ __all__ = [
 ]
 
 ON_ERROR = ("skip", "fail")
-DEFAULT_SHARD_SIZE = {"pt": 10_000, "wds": 10_000, "hdf5": None, "lmdb": None}
-DEFAULT_SHARD_BYTES = {"pt": 1 << 30, "wds": 1 << 30, "hdf5": None, "lmdb": None}
+# Per format, from its one registration (convert.writers.FORMAT_WRITERS).
+DEFAULT_SHARD_SIZE = {fmt: w.shard_size for fmt, w in FORMAT_WRITERS.items()}
+DEFAULT_SHARD_BYTES = {fmt: w.shard_bytes for fmt, w in FORMAT_WRITERS.items()}
+COMPRESSED_FORMATS = tuple(fmt for fmt, w in FORMAT_WRITERS.items() if w.compression)
 
 
 def default_workers() -> int:
@@ -89,8 +92,10 @@ class ConvertOptions:
             )
         if self.metadata and self.file_list:
             raise ValueError("--metadata applies to a walked folder: drop --file-list")
-        if self.compression is not None and self.format != "hdf5":
-            raise ValueError("--compression applies to --format hdf5 only")
+        if self.compression is not None and self.format not in COMPRESSED_FORMATS:
+            raise ValueError(
+                f"--compression applies to --format {' '.join(COMPRESSED_FORMATS)} only"
+            )
         if self.compression not in (None, "gzip", "lzf"):
             raise ValueError(f"unknown compression {self.compression!r}: use gzip or lzf")
 

@@ -160,8 +160,9 @@ def assert_same_image(actual: Any, expected: torch.Tensor) -> None:
 
 # --- registries -------------------------------------------------------------------------
 def test_format_registries_agree() -> None:
-    assert set(readers.DATASETS) == set(convert.writers.WRITERS) == set(spec.FORMATS)
-    assert set(SHARD_READERS) == set(spec.FORMATS)
+    assert set(readers.DATASETS) == set(convert.writers.FORMAT_WRITERS) == set(spec.FORMATS)
+    assert set(convert.writers.WRITERS) == set(spec.FORMATS)
+    assert set(SHARD_READERS) == set(spec.SHARD_SUFFIX) == set(spec.FORMATS)
     assert {cls.format for cls in readers.DATASETS.values()} == set(spec.FORMATS)
     for fmt, cls in readers.DATASETS.items():
         assert cls.format == fmt
