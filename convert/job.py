@@ -7,8 +7,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from convert.destination import Upload
 from convert.options import ConvertOptions
+from convert.output.destination import Upload
 from convert.samples import SampleTable
 from convert.scan import Scan
 from convert.sources import SampleReader, SampleSource

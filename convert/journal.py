@@ -9,7 +9,7 @@ the resumed dataset is the one an uninterrupted run writes. A torn last line (a 
 mid-write) is ignored: its shard is redone.
 
 :class:`Journal` keeps it in a local DST as one file; a bucket DST keeps it beside its
-shards (``convert.remote.RemoteJournal``, one object per entry named by
+shards (``convert.output.remote.RemoteJournal``, one object per entry named by
 :func:`entry_name`), so that ``--resume`` works from any machine. Both are a
 :class:`JournalStore`.
 """

@@ -4,12 +4,13 @@ and the command line, so that none of them imports another for its types."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from convert.process import Transform
+from convert.writers import FORMAT_WRITERS
 from readers import spec
+from readers.cpus import usable_cpus
 
 __all__ = [
     "DEFAULT_SHARD_BYTES",
@@ -21,13 +22,15 @@ __all__ = [
 ]
 
 ON_ERROR = ("skip", "fail")
-DEFAULT_SHARD_SIZE = {"pt": 10_000, "wds": 10_000, "hdf5": None, "lmdb": None}
-DEFAULT_SHARD_BYTES = {"pt": 1 << 30, "wds": 1 << 30, "hdf5": None, "lmdb": None}
+# Per format, from its one registration (convert.writers.FORMAT_WRITERS).
+DEFAULT_SHARD_SIZE = {fmt: w.shard_size for fmt, w in FORMAT_WRITERS.items()}
+DEFAULT_SHARD_BYTES = {fmt: w.shard_bytes for fmt, w in FORMAT_WRITERS.items()}
+COMPRESSED_FORMATS = tuple(fmt for fmt, w in FORMAT_WRITERS.items() if w.compression)
 
 
 def default_workers() -> int:
     """Usable CPUs of this process (respects taskset/cgroup affinity)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return usable_cpus()
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,10 @@ class ConvertOptions:
             )
         if self.metadata and self.file_list:
             raise ValueError("--metadata applies to a walked folder: drop --file-list")
-        if self.compression is not None and self.format != "hdf5":
-            raise ValueError("--compression applies to --format hdf5 only")
+        if self.compression is not None and self.format not in COMPRESSED_FORMATS:
+            raise ValueError(
+                f"--compression applies to --format {' '.join(COMPRESSED_FORMATS)} only"
+            )
         if self.compression not in (None, "gzip", "lzf"):
             raise ValueError(f"unknown compression {self.compression!r}: use gzip or lzf")
 

@@ -2,13 +2,13 @@
 
 One straight path for every SRC, DST and executor: a
 :class:`~convert.sources.SampleSource` (an image folder, an imgpack dataset...) gives the
-samples and the reader the workers read them through; a :class:`~convert.destination.Destination`
-(a local folder, or a bucket's through ``convert.remote``) says where the shards go and
-what is already there; an :class:`~convert.executors.Executor` (``--executor``) prepares
-the samples and writes the shards, reporting each to its
-:class:`~convert.ledger.Ledger`. Shards appear under their final names only when
-complete, each is then recorded in a journal (``convert.journal``) that ``resume`` starts
-from, and the manifest ``imgpack.json`` is written last, atomically.
+samples and the reader the workers read them through; a
+:class:`~convert.output.destination.Destination` (a local folder, or a bucket's through
+``convert.output.remote``) says where the shards go and what is already there; an
+:class:`~convert.executors.Executor` (``--executor``) prepares the samples and writes the
+shards, reporting each to its :class:`~convert.ledger.Ledger`. Shards appear under their
+final names only when complete, each is then recorded in a journal (``convert.journal``)
+that ``resume`` starts from, and the manifest ``imgpack.json`` is written last, atomically.
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from convert.destination import (
+from convert.executors import EXECUTORS, Executor, check_executor
+from convert.job import Job, bad_input
+from convert.journal import same_options, source_fingerprint
+from convert.ledger import Ledger
+from convert.options import ON_ERROR, ConvertOptions, ConvertResult, default_workers
+from convert.output.destination import (
     ERRORS_NAME,
     Destination,
     LocalDestination,
@@ -30,12 +35,7 @@ from convert.destination import (
     write_errors,
     write_manifest,
 )
-from convert.executors import EXECUTORS, Executor, check_executor
-from convert.job import Job, bad_input
-from convert.journal import same_options, source_fingerprint
-from convert.ledger import Ledger
-from convert.options import ON_ERROR, ConvertOptions, ConvertResult, default_workers
-from convert.remote import RemoteDestination
+from convert.output.remote import RemoteDestination
 from convert.samples import SampleTable
 from convert.scan import Scan
 from convert.sources import SampleSource, open_source
@@ -77,7 +77,7 @@ def convert_folder(
 
     ``dst`` may be a URL (``s3://bucket/prefix``): the run stages each shard in
     ``staging`` (default under ``~/.cache/imgpack/staging``) and uploads it when complete,
-    the manifest last, and keeps its journal in the bucket (``convert.remote``);
+    the manifest last, and keeps its journal in the bucket (``convert.output.remote``);
     ``storage_options`` go to fsspec. ``dst`` is claimed before ``src`` is scanned.
 
     Args:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from convert import process
+from convert.codec import recipe
 from convert.process import DCT_REDUCING_GAP, Transform, prepare
 from readers.images import kernel
 from readers.images.decode import decoder_name
@@ -77,7 +77,7 @@ def test_kernel_conversion_equals_the_python_path(exact: bool, request) -> None:
     transforms.append(Transform("raw", 256, center_crop=224, exact_resize=exact))
     with_kernel = _outputs(transforms)
     for name, data in _sources().items():  # the kernel takes every one of them
-        assert process._kernel_resized(data, 64, None, None) is not None, name
+        assert recipe._kernel_resized(data, 64, None, None) is not None, name
     request.getfixturevalue("python_path")
     without = _outputs(transforms)
     scaled = 0
@@ -102,7 +102,7 @@ def test_non_kernel_inputs_take_the_python_path() -> None:
     exif[0x0112] = 6
     rotated = encode(photo, quality=90, exif=exif.tobytes())
     for data in (encode(photo, "PNG"), rotated, jpeg(300, 400, seed=1)[:-300]):
-        assert process._kernel_resized(data, 64, None, None) is None
+        assert recipe._kernel_resized(data, 64, None, None) is None
     assert prepare(rotated, "r", Transform("raw", 64)).shape == (85, 64, 3)
 
 

@@ -24,7 +24,7 @@ import readers
 from convert import ConvertOptions, convert_folder
 from convert.cli import main
 from convert.diff import DEFAULT_TOLERANCE, DiffReport, diff_datasets
-from convert.inspect import GAP, LABEL_HEIGHT, contact_sheet, summarize
+from convert.inspection import GAP, LABEL_HEIGHT, contact_sheet, summarize
 from readers import spec
 from readers.storage.remote import RemoteFolder
 from tests.conftest import SAMPLE_DATA

@@ -26,7 +26,7 @@ from convert.cli import main
 from convert.diff import diff_datasets
 from convert.field_diff import same_value
 from convert.field_views import schema_lines
-from convert.inspect import CAPTION_LINES, GAP, LABEL_HEIGHT
+from convert.inspection import CAPTION_LINES, GAP, LABEL_HEIGHT
 from convert.tile_text import ELLIPSIS, label_font, wrap_caption
 from readers import spec
 from readers.fields import FieldSpec
@@ -44,7 +44,7 @@ from tests.test_object_storage import BUCKET, s3_server  # noqa: F401 (the fixtu
 from tests.test_verify import flip_byte, reseal
 
 FIELD_FORMATS = spec.FORMATS  # every writer stores fields (issue 30)
-CAPTION_INK = (200, 200, 150)  # the colour convert.inspect writes captions in
+CAPTION_INK = (200, 200, 150)  # the colour convert.inspection writes captions in
 EDITED = 3  # the sample whose caption the edited tars change
 EDITED_CAPTION = "Ein ganz anderes Foto\nneue Zeile"
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from PIL import Image, ImageDraw, ImageFont
 
 from convert.cli import main
-from convert.inspect import (
+from convert.inspection import (
     ELLIPSIS,
     GAP,
     LABEL_FONT_SIZE,

@@ -259,7 +259,7 @@ def test_a_second_conversion_into_the_same_folder_is_refused_and_the_first_is_un
 
 # Holds the lock on DST (argv[1]) until its stdin closes, as a running conversion does.
 HOLD_LOCK = (
-    "import sys; from pathlib import Path; from convert.lock import DestinationLock; "
+    "import sys; from pathlib import Path; from convert.output.lock import DestinationLock; "
     "DestinationLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); "
     "sys.stdin.read()"
 )
@@ -453,7 +453,7 @@ def test_a_journal_line_torn_by_a_kill_is_ignored_and_its_shard_redone(
 
 
 def test_a_stale_lock_file_is_taken_over_once_without_leaking_a_descriptor(tmp_path):
-    from convert.destination import claim_destination
+    from convert.output.destination import claim_destination
 
     dst = tmp_path / "dst"
     dst.mkdir()

@@ -6,6 +6,7 @@
 - ``readers/formats/`` knows shards, not datasets: nothing there imports ``torch.utils.data``.
 - Where this process stands (rank, world size, DataLoader worker) is looked up in one module,
   ``readers/epochs/placement.py``; everything else receives a ``Placement`` or asks it.
+- The usable CPUs are counted in one module, ``readers/cpus.py``.
 
 The files are parsed, never imported.
 """
@@ -21,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 400
 PLACEMENT = Path("readers/epochs/placement.py")
+CPUS = Path("readers/cpus.py")  # the one count of usable CPUs
 # What tells a process where it stands: torch.distributed's placement calls, the launcher's
 # variables, the DataLoader's worker info.
 PLACEMENT_CALLS = {"get_rank", "get_world_size", "get_worker_info"}
@@ -154,3 +156,17 @@ def test_every_folder_of_the_library_is_a_package(package: str) -> None:
     folders = {p.parent for p in (ROOT / package).rglob("*.py") if "__pycache__" not in p.parts}
     missing = sorted(str(f.relative_to(ROOT)) for f in folders if not (f / "__init__.py").is_file())
     assert not missing, f"folders without __init__.py: {missing}"
+
+
+def test_usable_cpus_are_counted_in_one_module_only() -> None:
+    """``readers/cpus.py`` counts the CPUs this process may use; a second count elsewhere
+    drifts (``os.cpu_count()`` ignores taskset and cgroup affinity)."""
+    counts = ("sched_getaffinity", "cpu_count")
+    elsewhere = [
+        f"{path}:{node.lineno} {node.attr}"
+        for path in modules("readers", "convert")
+        if path != CPUS
+        for node in ast.walk(ast.parse((ROOT / path).read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute) and node.attr in counts
+    ]
+    assert not elsewhere, "CPUs counted outside readers/cpus.py:\n" + "\n".join(elsewhere)

@@ -23,9 +23,9 @@ import pytest
 
 import readers
 from convert import ConvertOptions, convert_folder
-from convert.destination import ERRORS_NAME
 from convert.journal import ENTRY_PREFIX
-from convert.remote import RemoteDestination, ShardUploader
+from convert.output.destination import ERRORS_NAME
+from convert.output.remote import RemoteDestination, ShardUploader
 from readers import spec
 from readers.storage.remote import RemoteFolder, StorageError
 from scripts.s3_server import local_s3_server

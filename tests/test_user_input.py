@@ -72,7 +72,7 @@ def test_opening_a_dataset_being_converted_says_so(tmp_path):
             sys.executable,
             "-c",
             "import sys, time; from pathlib import Path; "
-            "from convert.lock import DestinationLock; "
+            "from convert.output.lock import DestinationLock; "
             "DestinationLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); "
             "time.sleep(60)",
             str(dst),

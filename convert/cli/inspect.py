@@ -1,4 +1,4 @@
-"""``imgpack inspect``: parse the options, call :mod:`convert.inspect`, report."""
+"""``imgpack inspect``: parse the options, call :mod:`convert.inspection`, report."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from convert.inspect import MAX_ROWS, contact_sheet, summarize
+from convert.inspection import MAX_ROWS, contact_sheet, summarize
 
 __all__ = ["inspect"]
 

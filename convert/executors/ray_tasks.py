@@ -11,8 +11,8 @@ prepared samples are (its arguments' node), on any node of the cluster:
   it, renamed into place when complete;
 - an object-store DST: the task writes the shard into a temporary folder of its node
   (``TMPDIR``), uploads it and its sidecars from there with that node's credentials and
-  the run's storage options (:class:`convert.remote.ShardUploader`), and returns what the
-  journal records of the objects. No shard passes through the driver, whose network link
+  the run's storage options (:class:`convert.output.remote.ShardUploader`), and returns what
+  the journal records of the objects. No shard passes through the driver, whose network link
   would otherwise carry every output byte of the cluster.
 
 The driver journals each completed shard only once it is in place (uploaded) and writes the
@@ -47,9 +47,9 @@ import torch
 from ray.exceptions import RayError, RayTaskError
 from tqdm import tqdm
 
-from convert.destination import Upload
 from convert.executors.planned import PlannedLedger, ShardOutcome, ShardTask, write_shard
 from convert.executors.pool import WorkerDiedError, prepare_samples
+from convert.output.destination import Upload
 from convert.process import Prepared, Transform
 from convert.samples import Sample, SampleTable
 from convert.sources import SampleReader

@@ -41,6 +41,7 @@ from convert.scan import scan_folder
 from readers import spec
 from readers.batch import collate_any
 from readers.feeding.tune import loader_rate
+from readers.formats import STREAM_FORMATS
 from readers.images.crop import CenterCrop, Crop
 from readers.images.fused import place
 from readers.storage.remote import is_url
@@ -140,7 +141,7 @@ def open_source(path: Path | str) -> Source:
             files,
             lambda: readers.open_dataset(path),
             loader,
-            partial(loader, stream=True) if manifest.format == "wds" else None,
+            partial(loader, stream=True) if manifest.format in STREAM_FORMATS else None,
             manifest.shape,
         )
     path = Path(path)

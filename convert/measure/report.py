@@ -16,6 +16,7 @@ import torch
 
 import readers
 from convert.measure.bench import PERCENTILES, path_name
+from readers.cpus import usable_cpus
 from readers.storage.remote import is_url
 
 __all__ = [
@@ -44,7 +45,7 @@ def machine_facts(paths: list[Path]) -> dict[str, Any]:
     import webdataset
 
     return {
-        "cpus": len(os.sched_getaffinity(0)),
+        "cpus": usable_cpus(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -15,6 +15,8 @@ from typing import Any
 
 from torch.utils.data import get_worker_info
 
+from readers.cpus import usable_cpus
+
 __all__ = ["Placement", "current_worker", "default_decode_threads", "visible_world_size"]
 
 
@@ -97,4 +99,4 @@ def default_decode_threads() -> int:
     DataLoader worker (the workers already use the cores)."""
     if current_worker() is not None:
         return 1
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return usable_cpus()

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from readers.batch import collate_any
+from readers.cpus import usable_cpus
 from readers.dataset import ImageDataset
 from readers.epochs.loader import make_loader
 from readers.feeding.wait import WAIT_SHARE, keeps_up
@@ -89,7 +90,7 @@ class Trial:
 
 def candidate_settings(cpus: int | None = None, cuda: bool | None = None) -> list[Setting]:
     """Every setting the sweep tries, cheapest first (then fewer prefetched batches)."""
-    cpus = cpus or len(os.sched_getaffinity(0))
+    cpus = cpus or usable_cpus()
     cuda = torch.cuda.is_available() if cuda is None else cuda
     settings = [Setting(0, t, None, pin) for t in range(1, cpus + 1) for pin in (False, cuda)]
     settings += [

@@ -5,11 +5,15 @@ and defines one :class:`ShardReader`, built as ``reader(path, layout)`` from a l
 file; ``wds`` also reads remote tars by byte ranges (:class:`RangedWdsShard`). Nothing
 here knows about datasets, epochs or ``torch.utils.data``: :mod:`readers.dataset` opens
 shards through :data:`SHARD_READERS`.
+
+:data:`FORMAT_READERS` is the read side's one registration of a format (the ids are
+``readers.spec.FORMATS``): :data:`SHARD_READERS` and :data:`STREAM_FORMATS` are read from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from readers.formats.hdf5 import Hdf5Shard
 from readers.formats.lmdb import LmdbShard
@@ -19,14 +23,37 @@ from readers.formats.wds import RangedWdsShard, WdsShard
 from readers.manifest import Manifest
 from readers.spec import Layout
 
-__all__ = ["SHARD_READERS", "RangedWdsShard", "ShardOpener", "ShardReader", "open_local_shard"]
+__all__ = [
+    "FORMAT_READERS",
+    "SHARD_READERS",
+    "STREAM_FORMATS",
+    "FormatReader",
+    "RangedWdsShard",
+    "ShardOpener",
+    "ShardReader",
+    "open_local_shard",
+]
+
+
+@dataclass(frozen=True)
+class FormatReader:
+    """What the read side knows of one format."""
+
+    shard: Callable[[str, Layout], ShardReader]  # ``shard(path, layout)`` from a local file
+    streams: bool = False  # its shards also read as a stream, in order (``stream=True``)
+
+
+FORMAT_READERS: dict[str, FormatReader] = {
+    "pt": FormatReader(PtShard),
+    "hdf5": FormatReader(Hdf5Shard),
+    "lmdb": FormatReader(LmdbShard),
+    "wds": FormatReader(WdsShard, streams=True),
+}
 
 SHARD_READERS: dict[str, Callable[[str, Layout], ShardReader]] = {
-    "pt": PtShard,
-    "hdf5": Hdf5Shard,
-    "lmdb": LmdbShard,
-    "wds": WdsShard,
+    fmt: r.shard for fmt, r in FORMAT_READERS.items()
 }
+STREAM_FORMATS = tuple(fmt for fmt, r in FORMAT_READERS.items() if r.streams)
 
 ShardOpener = Callable[[Manifest, int], ShardReader]
 """Opens shard ``k`` of a dataset: ``opener(manifest, k)``. Picklable (a module-level

@@ -6,7 +6,7 @@ imported only then, with its own credential chain (for S3: the environment, incl
 unknown scheme is an error, never a local folder named after the URL.
 
 What each side does with a remote dataset: the converter writes to a local staging folder
-and uploads each completed shard (``convert.remote``); random-access readers copy each
+and uploads each completed shard (``convert.output.remote``); random-access readers copy each
 shard they open into a local cache (:class:`readers.storage.cache.ShardCache`); ``WdsStream`` reads
 byte ranges of the tars, never whole shards.
 

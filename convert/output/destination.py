@@ -1,13 +1,13 @@
 """Where a conversion writes: the :class:`Destination` protocol, the local folder that
-implements it (:class:`LocalDestination`; a bucket's is ``convert.remote``), the folder's
-lock, and the files that finish a dataset.
+implements it (:class:`LocalDestination`; a bucket's is ``convert.output.remote``), the
+folder's lock, and the files that finish a dataset.
 
 A run refuses a folder it may not use (another run's, one holding files imgpack did not
 write, a non-empty one without ``--overwrite`` or ``--resume``) before touching anything.
 The manifest ``imgpack.json`` is written last, atomically: its presence marks a complete
 dataset. (The journal of completed shards is ``convert.journal``.)
 
-The folder's lock is ``convert.lock``.
+The folder's lock is ``convert.output.lock``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from convert.journal import ENTRY_PREFIX, Journal, JournalStore, ShardEntry, shard_files
-from convert.lock import DestinationLock
 from convert.options import ConvertOptions, ConvertResult
+from convert.output.lock import DestinationLock
 from readers import __version__, spec
 from readers.images.decode import decoder_name, encoder_name
 from readers.manifest import Manifest, json_text, load_manifest

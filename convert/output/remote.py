@@ -29,13 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from convert.destination import (
-    ERRORS_NAME,
-    delete_written,
-    kept_files,
-    refuse_contents,
-    remove_if_empty,
-)
 from convert.journal import (
     ENTRY_PREFIX,
     JOURNAL_VERSION,
@@ -44,7 +37,14 @@ from convert.journal import (
     parse_header,
     shard_files,
 )
-from convert.lock import DestinationLock
+from convert.output.destination import (
+    ERRORS_NAME,
+    delete_written,
+    kept_files,
+    refuse_contents,
+    remove_if_empty,
+)
+from convert.output.lock import DestinationLock
 from readers import spec
 from readers.manifest import Manifest, load_manifest
 from readers.storage.cache import ShardCache
@@ -101,7 +101,8 @@ class RemoteJournal:
 @dataclass(frozen=True)
 class ShardUploader:
     """Uploads a completed shard and its sidecars from a local folder into the bucket
-    folder, deleting each local file once it is up: a :data:`~convert.destination.Upload`.
+    folder, deleting each local file once it is up: a
+    :data:`~convert.output.destination.Upload`.
     Picklable (the folder's URL and storage options): the task that wrote a shard on a
     Ray node uploads it from there, with that node's credentials and these options."""
 
@@ -123,7 +124,7 @@ class ShardUploader:
 
 class RemoteDestination:
     """The bucket folder a conversion writes, its journal, and the local folder it stages
-    in: a :class:`~convert.destination.Destination`."""
+    in: a :class:`~convert.output.destination.Destination`."""
 
     staged = True
 
