@@ -24,6 +24,7 @@ from readers.epochs.mixture import WeightsArg
 from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler, selected_indices
 from readers.epochs.stream import WdsStream
+from readers.formats import STREAM_FORMATS
 from readers.images.crop import Crop
 from readers.manifest import load_manifest
 from readers.storage.location import Location
@@ -180,8 +181,9 @@ def make_loader(
         else:
             location = Location.of(path, storage_options=storage_options, cache_dir=cache_dir)
             manifest = load_manifest(location)
-        if manifest.format != "wds":
-            raise ValueError(f"{manifest.location}: stream=True reads wds datasets only")
+        if manifest.format not in STREAM_FORMATS:
+            shown = ", ".join(STREAM_FORMATS)
+            raise ValueError(f"{manifest.location}: stream=True reads {shown} datasets only")
         if decode_threads not in (None, 1):
             raise ValueError(
                 f"decode_threads={decode_threads}: stream=True decodes on one thread per "

@@ -47,6 +47,13 @@ def rss_kib(field: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith(field))
 
 
+def reset_peak_rss() -> int:
+    """Start the peak RSS (VmHWM) again from the current RSS, in KiB, which it returns."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return rss_kib("VmRSS")
+
+
 def child_resume(num_samples: int) -> None:
     """Save a state on ``SAVED_ON`` ranks, resume it on ``RESUMED_ON``: time and memory."""
     from readers import EpochSampler
@@ -57,9 +64,7 @@ def child_resume(num_samples: int) -> None:
     list(itertools.islice(iter(saved), STEPS * BATCH))
     state = json.dumps(saved.state_dict())
     del saved
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # the peak RSS starts again from the current RSS
-    base = rss_kib("VmRSS")
+    base = reset_peak_rss()
     start = time.perf_counter()
     resumed = EpochSampler(
         num_samples, seed=3, batch_size=BATCH, rank=RESUMED_ON - 1, world_size=RESUMED_ON

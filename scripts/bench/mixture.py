@@ -32,7 +32,7 @@ from typing import Any
 from convert import ConvertOptions, convert_folder
 from scripts.bench.ab import run_child
 from scripts.bench.common import machine_info, print_machine, write_json
-from scripts.bench.epochs import rss_kib
+from scripts.bench.epochs import reset_peak_rss, rss_kib
 from scripts.bench.settings import FOLDER, QUALITY, RESIZE, ROOT, WORK
 
 PARTS = {"part-a": range(0, 4), "part-b": range(4, 7), "part-c": range(7, 10)}
@@ -74,9 +74,7 @@ def child_resume() -> None:
     list(itertools.islice(iter(saved), STEPS * BATCH))
     state = json.dumps(saved.state_dict())
     del saved
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # the peak RSS starts again from the current RSS
-    base = rss_kib("VmRSS")
+    base = reset_peak_rss()
     start = time.perf_counter()
     resumed = simulated_sampler(RESUMED_ON - 1, RESUMED_ON)
     resumed.load_state_dict(json.loads(state))
