@@ -34,6 +34,7 @@ from readers.fields import FieldSpec
 from readers.images.crop import Crop
 from readers.images.fused import crop_parts
 from readers.images.pool import DecodePool
+from readers.spec import StorageKind
 
 __all__ = [
     "MixtureBatch",
@@ -366,5 +367,8 @@ def _shape(dataset: ImageDataset) -> str:
     """A dataset's image size as served: the crop's, the stored one, or "various"."""
     if dataset.crop is not None:
         return "{}x{}".format(*dataset.crop.size)
+    layout = dataset.manifest.layout
+    if layout.kind is StorageKind.FIXED_PIXELS and layout.shape:  # no shard opened
+        return "{}x{}".format(*layout.shape[:2])
     sizes = np.unique(dataset.sizes, axis=0) if len(dataset) else np.empty((0, 2))
     return "{}x{}".format(*sizes[0]) if len(sizes) == 1 else "various sizes"
