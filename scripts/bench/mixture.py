@@ -1,5 +1,5 @@
-"""Mixtures (issue 31 §1), measured side by side in one run: what reading several sources
-by weight costs.
+"""Mixtures and aspect buckets (issue 31), measured side by side in one run: what reading
+several sources by weight, and batches of one bucket each, cost.
 
 rate:    ``make_loader`` samples/s (``crop=RandomResizedCrop(224, flip=True)``, batches of
          64, no workers, decode threads on every usable core) over the benchmark folder
@@ -8,6 +8,10 @@ rate:    ``make_loader`` samples/s (``crop=RandomResizedCrop(224, flip=True)``, 
          as a mixture with shares by length: the same pixels, the same crops' work. Each
          contender a child process (:mod:`scripts.bench.read_rate`), in interleaved rounds
          whose order reverses each round; medians quoted. Target: >= 0.95x.
+buckets: the one dataset read in batches of one aspect bucket each
+         (``AspectBuckets.around(224 * 224, 32, 2.0)``) against the fixed-size crop doing the
+         same work (``CenterCrop(224, ratio=1.0)``: cover, then centre crop), interleaved in the
+         same rounds. Target: >= 0.9x.
 resume:  a mixture of three sources totalling 1 B samples (600 M, 300 M, 100 M; weights
          0.5, 0.3, 0.2; simulated: lengths only, no data), its state saved on 8 ranks after 40
          steps of 256 and loaded on 12: the time from ``load_state_dict`` to the first batch
@@ -118,22 +122,32 @@ def main() -> None:
     print_machine(info)
     one, parts = datasets(args.folder, args.work)
     read = ["--reader", "make-loader", "--crop", "random", "--passes", "2"]
-    contenders = {"one source": [str(one), *read], "mixture of 3": [*map(str, parts), *read]}
+    plain = ["--reader", "make-loader", "--passes", "2", "--crop"]
+    contenders = {
+        "one source": [str(one), *read],
+        "mixture of 3": [*map(str, parts), *read],
+        "fixed cover crop": [str(one), *plain, "cover"],
+        "buckets": [str(one), *plain, "buckets"],
+    }
     rates: dict[str, list[float]] = {name: [] for name in contenders}
     for k in range(args.rounds):
         for name in list(contenders)[:: 1 if k % 2 == 0 else -1]:
             rates[name].append(run_child(ROOT, "read_rate", contenders[name])["rate"])
             print(f"  round {k}: {name} {rates[name][-1]:.0f}/s", flush=True)
     ratios = [m / o for m, o in zip(rates["mixture of 3"], rates["one source"], strict=True)]
+    bucketed = [b / f for b, f in zip(rates["buckets"], rates["fixed cover crop"], strict=True)]
     resumes = [run_child(ROOT, "mixture", ["child-resume"]) for _ in range(3)]
     results = {
         "machine": info,
         "rates": rates,
         "median_ratio": statistics.median(ratios),
         "ratios": ratios,
+        "buckets_median_ratio": statistics.median(bucketed),
+        "buckets_ratios": bucketed,
         "resume_1b": resumes,
     }
     print(f"mixture / one source: median {results['median_ratio']:.3f} ({ratios})")
+    print(f"buckets / fixed cover crop: median {statistics.median(bucketed):.3f} ({bucketed})")
     for r in resumes:
         print(f"resume 1 B: {r['seconds'] * 1000:.1f} ms, {r['extra_mib']:.1f} MiB extra")
     write_json(args.json, results)
