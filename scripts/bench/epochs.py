@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,31 +55,39 @@ def reset_peak_rss() -> int:
     return rss_kib("VmRSS")
 
 
-def child_resume(num_samples: int) -> None:
-    """Save a state on ``SAVED_ON`` ranks, resume it on ``RESUMED_ON``: time and memory."""
-    from readers import EpochSampler
-    from scripts.bench.child import emit
-
-    saved = EpochSampler(num_samples, seed=3, batch_size=BATCH, rank=0, world_size=SAVED_ON)
+def measure_resume(make: Callable[[int, int], Any]) -> dict[str, Any]:
+    """A state saved by ``make(0, SAVED_ON)`` after ``STEPS`` batches, loaded into
+    ``make(RESUMED_ON - 1, RESUMED_ON)``: the time to its first batch of indices and the
+    peak extra RSS over that, the state's size, its order and the first index."""
+    saved = make(0, SAVED_ON)
     saved.set_epoch(2)
     list(itertools.islice(iter(saved), STEPS * BATCH))
     state = json.dumps(saved.state_dict())
     del saved
     base = reset_peak_rss()
     start = time.perf_counter()
-    resumed = EpochSampler(
-        num_samples, seed=3, batch_size=BATCH, rank=RESUMED_ON - 1, world_size=RESUMED_ON
-    )
+    resumed = make(RESUMED_ON - 1, RESUMED_ON)
     resumed.load_state_dict(json.loads(state))
     batch = list(itertools.islice(iter(resumed), BATCH))
     seconds = time.perf_counter() - start
-    emit(
-        seconds=seconds,
-        extra_mib=(rss_kib("VmHWM") - base) / 1024,
-        state_bytes=len(state),
-        order=json.loads(state).get("order", "permutation (version 1)"),
-        first=batch[0],
-    )
+    return {
+        "seconds": seconds,
+        "extra_mib": (rss_kib("VmHWM") - base) / 1024,
+        "state_bytes": len(state),
+        "order": json.loads(state).get("order", "permutation (version 1)"),
+        "first": batch[0],
+    }
+
+
+def child_resume(num_samples: int) -> None:
+    """:func:`measure_resume` of ``EpochSampler(num_samples)``."""
+    from readers import EpochSampler
+    from scripts.bench.child import emit
+
+    def make(rank: int, world_size: int) -> Any:
+        return EpochSampler(num_samples, seed=3, batch_size=BATCH, rank=rank, world_size=world_size)
+
+    emit(**measure_resume(make))
 
 
 def child_iterate(num_samples: int) -> None:

@@ -24,25 +24,21 @@ resume:  a mixture of three sources totalling 1 B samples (600 M, 300 M, 100 M; 
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from convert import ConvertOptions, convert_folder
 from scripts.bench.ab import run_child
 from scripts.bench.common import machine_info, print_machine, write_json
-from scripts.bench.epochs import reset_peak_rss, rss_kib
+from scripts.bench.epochs import BATCH, measure_resume
 from scripts.bench.settings import FOLDER, QUALITY, RESIZE, ROOT, WORK
 
 PARTS = {"part-a": range(0, 4), "part-b": range(4, 7), "part-c": range(7, 10)}
 SIMULATED = {"a": 600_000_000, "b": 300_000_000, "c": 100_000_000}
 WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
-BATCH, STEPS, SAVED_ON, RESUMED_ON = 256, 40, 8, 12
 
 
 class Simulated:
@@ -70,22 +66,10 @@ def simulated_sampler(rank: int, world_size: int) -> Any:
 
 
 def child_resume() -> None:
-    """Save a state on ``SAVED_ON`` ranks, resume it on ``RESUMED_ON``: time and memory."""
+    """:func:`scripts.bench.epochs.measure_resume` of the simulated 1 B-sample mixture."""
     from scripts.bench.child import emit
 
-    saved = simulated_sampler(0, SAVED_ON)
-    saved.set_epoch(2)
-    list(itertools.islice(iter(saved), STEPS * BATCH))
-    state = json.dumps(saved.state_dict())
-    del saved
-    base = reset_peak_rss()
-    start = time.perf_counter()
-    resumed = simulated_sampler(RESUMED_ON - 1, RESUMED_ON)
-    resumed.load_state_dict(json.loads(state))
-    batch = list(itertools.islice(iter(resumed), BATCH))
-    seconds = time.perf_counter() - start
-    emit(seconds=seconds, extra_mib=(rss_kib("VmHWM") - base) / 1024, state_bytes=len(state))
-    assert len(batch) == BATCH
+    emit(**measure_resume(simulated_sampler))
 
 
 def convert(src: Path, dst: Path) -> Path:
