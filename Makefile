@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test check lint format bench clean asan ubsan
 
-$(STAMP): setup.cfg setup.py $(wildcard readers/images/*.c readers/images/*.h) readers/formats/crc32.c
+$(STAMP): setup.cfg setup.py tests/constraints.txt $(wildcard readers/images/*.c readers/images/*.h) readers/formats/crc32.c
 	@# libturbojpeg for the fast JPEG path (without it imgpack falls back to Pillow), and
 	@# libjpeg's headers for the compiled crop kernel (without them crops take the Python path).
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
@@ -17,7 +17,8 @@ $(STAMP): setup.cfg setup.py $(wildcard readers/images/*.c readers/images/*.h) r
 	$(BIN)/pip install -q --upgrade pip
 	@# The CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,data]'
+	@# the test extras at the versions the suite last passed with (tests/constraints.txt)
+	$(BIN)/pip install -q -c tests/constraints.txt -e '.[test,data]'
 	touch $(STAMP)
 
 setup: $(STAMP)
