@@ -171,6 +171,24 @@ def test_a_json_member_that_does_not_parse_is_that_samples_error(tmp_path):
         convert(src, tmp_path / "dst2", on_error="fail")
 
 
+def test_a_member_that_cannot_name_a_field_is_refused_before_anything_is_written(tmp_path):
+    import webdataset
+
+    src = tmp_path / "src"
+    src.mkdir()
+    with webdataset.TarWriter(str(src / "a.tar")) as sink:
+        sink.write({"__key__": "a", "jpg": PHOTOS[0].read_bytes(), "txt": "fine"})
+        sink.write({"__key__": "b", "jpg": PHOTOS[1].read_bytes(), "my caption.txt": "x"})
+    dst = tmp_path / "dst"
+    with pytest.raises(ValueError) as raised:
+        convert(src, dst)
+    assert str(raised.value).startswith(
+        f"{src / 'a.tar'}: member 'b.my caption.txt': 'my caption.txt' cannot name a field"
+    )
+    assert not dst.exists() or not any(dst.iterdir())  # no shard, no manifest
+    assert convert(src, dst, fields=("txt",)).written == 2  # left out, it is no obstacle
+
+
 def test_fields_of_a_compressed_tar_are_read_from_its_staged_members(tmp_path):
     import gzip
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from convert.options import ConvertOptions
 from convert.scan import Sample, Scan
-from readers.fields import FieldSpec
+from readers.fields import FieldSpec, check_name
 
 __all__ = [
     "SampleReader",
@@ -92,21 +92,28 @@ class SampleSource(Protocol):
 
 
 def select_fields(
-    where: str, found: Mapping[str, FieldSpec], options: ConvertOptions
+    where: str,
+    found: Mapping[str, FieldSpec],
+    options: ConvertOptions,
+    origins: Mapping[str, str] | None = None,
 ) -> dict[str, FieldSpec]:
     """The schema to store: the ``found`` fields (sorted), all of them, the ones
     ``--fields`` names or none (``--no-fields``); an unknown name is a ValueError listing
-    the fields there are."""
+    the fields there are. Each chosen name is checked here, before anything is written
+    (:func:`readers.fields.check_name`), its error naming where it was met: ``origins``
+    (name -> a file, member or column) or else ``where``."""
     chosen = dict(sorted(found.items()))
-    if options.fields is None:
-        return chosen
-    unknown = [name for name in options.fields if name not in chosen]
-    if unknown:
-        there = ", ".join(chosen) or "none"
-        raise ValueError(
-            f"{where}: --fields {unknown[0]!r}: no such field (the source's fields: {there})"
-        )
-    return {name: spec for name, spec in chosen.items() if name in options.fields}
+    if options.fields is not None:
+        unknown = [name for name in options.fields if name not in chosen]
+        if unknown:
+            there = ", ".join(chosen) or "none"
+            raise ValueError(
+                f"{where}: --fields {unknown[0]!r}: no such field (the source's fields: {there})"
+            )
+        chosen = {name: spec for name, spec in chosen.items() if name in options.fields}
+    for name in chosen:
+        check_name(name, (origins or {}).get(name, where))
+    return chosen
 
 
 def kind_clash(where: str, name: str, first: str, second: str) -> ValueError:

@@ -108,9 +108,8 @@ def folder_fields(
                 f"in {root}: rename the column, or choose with --fields"
             )
         found[name] = field_spec
-    fields = select_fields(str(root), found, options)
-    for name in fields:
-        check_name(name, f"{options.metadata}: column")  # a sidecar's is checked already
+    origins = {name: f"{options.metadata}: column" for name in metadata.fields} if metadata else {}
+    fields = select_fields(str(root), found, options, origins)  # a sidecar's name is valid
     problems = list(scan.problems)
     table = _table(scan.samples, fields, sidecars, metadata, problems, owner)
     if table is None:

@@ -52,7 +52,7 @@ from convert.sources.labels import Labels
 from convert.sources.parquet_columns import Columns, canonical_column
 from convert.sources.tar_members import Staging
 from convert.sources.webdataset import TarReader
-from readers.fields import FieldSpec, check_name
+from readers.fields import FieldSpec
 from readers.storage.remote import is_url
 
 __all__ = [
@@ -301,9 +301,9 @@ class ParquetSource(FileSource):
             read_from = tuple(staging.read_from(f) for f in self.files)
             staged_reader = TarReader(read_from, Spans.write(np.array(staged_spans), self))
         spans_table = Spans.write(np.array(spans), self)
-        fields = select_fields(self.where, dict(columns.fields), options)
-        for name in fields:
-            check_name(name, f"{self.files[0]}: column")
+        found = dict(columns.fields)
+        origins = {name: f"{self.files[0]}: column" for name in found}
+        fields = select_fields(self.where, found, options, origins)
         self._reader = ParquetReader(
             self.files, spans_table, columns, staged_reader, tuple(fields.items())
         )

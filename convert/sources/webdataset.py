@@ -155,13 +155,13 @@ class WebDatasetSource(FileSource):
                 rows.append((number, image.offset, image.size))
                 raw_labels.append(sample.label)
                 key_hashes.append(_key_hash(sample.key))
-                members.add(sample, image, self.label_field)
+                members.add(tar, sample, image, self.label_field)
         if not rows:
             raise FileNotFoundError(
                 f"{self.where}: no samples with an image member in {len(self.files)} tar(s)"
             )
         found = {ext: FieldSpec(extension_kind(ext)) for ext in members.columns}
-        self.fields = select_fields(self.where, found, options)
+        self.fields = select_fields(self.where, found, options, members.origins)
         self._read_from = tuple(staging.read_from(tar) for tar in self.files)
         self._spans = Spans.write(members.table(rows, self.fields), self)
         repeats = _repeated_keys(key_hashes, paths)
@@ -203,19 +203,22 @@ class WebDatasetSource(FileSource):
 
 class _FieldMembers:
     """Where each sample's field members lie, by extension: a column of (offset, size) per
-    extension met (-1 where a sample has none), 16 bytes a sample and field."""
+    extension met (-1 where a sample has none), 16 bytes a sample and field; and where
+    each extension was first met (``origins``), for an error about its name."""
 
     def __init__(self) -> None:
         self.columns: dict[str, tuple[array, array]] = {}
+        self.origins: dict[str, str] = {}  # extension -> "TAR: member NAME"
         self.samples = 0
 
-    def add(self, sample: TarSample, image: Member, label: LabelField) -> None:
-        """Record the members of ``sample`` other than its ``image`` and ``label`` member
-        (a JSON member a label is read from stays a field: it holds more)."""
+    def add(self, tar: str, sample: TarSample, image: Member, label: LabelField) -> None:
+        """Record the members of ``sample`` (in ``tar``) other than its ``image`` and
+        ``label`` member (a JSON member a label is read from stays a field: it holds more)."""
         for ext, member in sample.members.items():
             if member is image or (ext == label.member and not label.keys):
                 continue
             if ext not in self.columns:
+                self.origins[ext] = f"{tar}: member {member.name!r}"
                 before = self.samples  # the samples before it: none had this member
                 self.columns[ext] = (array("q", [0] * before), array("q", [-1] * before))
             offsets, sizes = self.columns[ext]
