@@ -2,12 +2,13 @@
 
 Each format reader finds a field's parts (``readers.spec``'s ``FIELD_*`` names) where its
 layout keeps them and hands them here: a variable kind (text, json, bytes, array) becomes a
-:class:`BlobColumn` over a ``fetch(start, stop)`` of its bytes (a slice of the mmap'd pt
-blob, of an LMDB value, an HDF5 dataset, or a ``pread`` of the tar), an int or float field
-a :class:`ScalarColumn` over its typed values. Both check what they serve as image bytes are
-checked: a value against its CRC-32 on every read, a typed column against its one CRC-32
-the first time a process reads it. Damage is a ``DatasetError`` naming ``shard[i]`` and the
-field.
+:class:`BlobColumn` over a ``fetch(starts, stops)`` of its values' bytes (slices of the
+mmap'd pt blob, of an LMDB value, an HDF5 dataset, ``pread`` of the tar, or one round of
+merged range requests for a remote tar: a batch's values of a shard are asked for in one
+call), an int or float field a :class:`ScalarColumn` over its typed values. Both check what
+they serve as image bytes are checked: a value against its CRC-32 on every read, a typed
+column against its one CRC-32 the first time a process reads it. Damage is a
+``DatasetError`` naming ``shard[i]`` and the field.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from readers.spec import (
 
 __all__ = ["BlobColumn", "FieldColumn", "ScalarColumn", "column_crc", "open_columns", "part_dtype"]
 
-Fetch = Callable[[int, int], bytes | memoryview]
-"""The bytes ``[start, stop)`` of a blob column's storage."""
+Fetch = Callable[[list[int], list[int]], Sequence[bytes | memoryview]]
+"""The bytes ``[starts[k], stops[k])`` of a blob column's storage, for each ``k``."""
 
 
 def column_crc(values: np.ndarray, valid: np.ndarray) -> int:
@@ -75,7 +76,8 @@ class FieldColumn(ABC):
 
 
 class BlobColumn(FieldColumn):
-    """A text, json, bytes or array field: value ``i`` is ``fetch(starts[i], stops[i])``,
+    """A text, json, bytes or array field: value ``i`` is the bytes ``[starts[i],
+    stops[i])`` of its storage (the values asked for together fetched in one call),
     checked against ``crcs[i]``."""
 
     def __init__(
@@ -121,8 +123,9 @@ class BlobColumn(FieldColumn):
         return data, relative
 
     def raw(self, indices: Sequence[int]) -> list[bytes | None]:
-        present = [i for i in indices if self.valid[i]]
-        got = {i: bytes(self._fetch(int(self._starts[i]), int(self._stops[i]))) for i in present}
+        present = [int(i) for i in indices if self.valid[i]]
+        blobs = self._fetch(self._starts[present].tolist(), self._stops[present].tolist())
+        got = dict(zip(present, map(bytes, blobs), strict=True))
         actual = stored_crcs(list(got.values())) if got else ()
         for (i, data), crc in zip(got.items(), actual, strict=True):
             recorded = int(self._crcs[i])
@@ -230,7 +233,7 @@ def open_columns(
 
 
 def _slicer(data: np.ndarray) -> Fetch:
-    def fetch(start: int, stop: int) -> memoryview:
-        return memoryview(data[start:stop])
+    def fetch(starts: list[int], stops: list[int]) -> list[memoryview]:
+        return [memoryview(data[a:b]) for a, b in zip(starts, stops, strict=True)]
 
     return fetch

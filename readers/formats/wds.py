@@ -166,12 +166,15 @@ class WdsShard(ShardReader):
 
         self.fields = open_columns(self._schema, self._path, len(self.labels), part, self._bytes)
 
-    def _bytes(self, start: int, stop: int) -> bytes:
-        """Bytes ``[start, stop)`` of the tar (a field's member)."""
-        data = os.pread(self._fd, stop - start, start)  # type: ignore[arg-type]
-        if len(data) != stop - start:
-            raise DatasetError(f"{self._path}: a field member lies past the end of the file")
-        return data
+    def _bytes(self, starts: list[int], stops: list[int]) -> list[bytes]:
+        """Bytes ``[starts[k], stops[k])`` of the tar for each ``k`` (a field's members)."""
+        out = []
+        for start, stop in zip(starts, stops, strict=True):
+            data = os.pread(self._fd, stop - start, start)  # type: ignore[arg-type]
+            if len(data) != stop - start:
+                raise DatasetError(f"{self._path}: a field member lies past the end of the file")
+            out.append(data)
+        return out
 
     def _value(self, i: int, data: bytes) -> bytes | np.ndarray:
         """Sample ``i``'s member bytes as :meth:`fetch` serves them: the pixels of a raw
@@ -256,9 +259,12 @@ class RangedWdsShard(WdsShard):
             raise DatasetError(f"{self._path}: shard listed in the manifest is missing") from None
         return [self._value(i, data) for i, data in zip(indices, blobs, strict=True)]
 
-    def _bytes(self, start: int, stop: int) -> bytes:
+    def _bytes(self, starts: list[int], stops: list[int]) -> list[bytes]:
+        """A field's members, in one round of merged range requests (as the images)."""
+        if not starts:
+            return []
         try:
-            return self._remote.read_ranges(self._name, [start], [stop])[0]
+            return self._remote.read_ranges(self._name, starts, stops)
         except FileNotFoundError:  # deleted since its index was read
             raise DatasetError(f"{self._path}: shard listed in the manifest is missing") from None
 
