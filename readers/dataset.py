@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from functools import partial
 from itertools import accumulate
 from typing import Any, ClassVar
 
@@ -22,19 +21,18 @@ import numpy.random  # see below
 import torch
 from torch.utils.data import Dataset
 
-from readers.batch import SampleBatch, new_batch, stack_images
-from readers.dataset_reads import StoredReads, chosen_fields
+from readers.batches_ahead import BatchesAhead
+from readers.dataset_batches import BatchReads
+from readers.dataset_reads import chosen_fields
 from readers.epochs.placement import default_decode_threads
 from readers.formats import ShardOpener, ShardReader, open_local_shard
 from readers.imagefolder import ImageFolderAttributes
 from readers.images.crop import Crop
 from readers.images.decode import decode_image
-from readers.images.fused import crop_parts
 from readers.images.pool import DecodePool
-from readers.images.whole import decode_batch
 from readers.index import as_index
 from readers.manifest import Manifest, load_manifest
-from readers.spec import DatasetError, StorageKind
+from readers.spec import DatasetError
 from readers.storage.location import Location
 
 __all__ = [
@@ -55,7 +53,7 @@ __all__ = [
 Transform = Callable[[torch.Tensor], Any]
 
 
-class ImageDataset(StoredReads, ImageFolderAttributes, Dataset):
+class ImageDataset(BatchReads, ImageFolderAttributes, Dataset):
     """Map-style dataset over an imgpack dataset of any format (the named subclasses,
     :class:`PtDataset` and the others, accept their own format only).
 
@@ -139,6 +137,7 @@ class ImageDataset(StoredReads, ImageFolderAttributes, Dataset):
         self._pid: int | None = None
         self._shards: dict[int, ShardReader] = {}
         self._pool = DecodePool()
+        self._ahead = BatchesAhead()
 
     # --- public API ---------------------------------------------------------------------
     def __len__(self) -> int:
@@ -146,40 +145,6 @@ class ImageDataset(StoredReads, ImageFolderAttributes, Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         return self.serve(self.stored(index), index)
-
-    def __getitems__(self, indices: Sequence[int]) -> SampleBatch:
-        """Fetch a whole batch into one tensor: a gather for raw pixels of one shape, JPEGs
-        of one size by the kernel (:mod:`readers.images.whole`), else a threaded decode.
-        Images of differing shapes come back as a list; the fields chosen ride beside."""
-        located = [self.locate(i) for i in indices]
-        labels = torch.tensor([int(self.shard(s).labels[k]) for s, k in located])
-        fields = self._fields_of(located)
-        batch = partial(SampleBatch, labels=labels, field_values=fields, specs=self.field_specs)
-        if not located:
-            return batch([])
-        if self.crop is not None and self.transform is None:
-            shape = (len(located), 3, *self.crop.size)
-            images = new_batch(shape, torch.uint8, channels_last=self.crop.channels_last)
-            rows = images.permute(0, 2, 3, 1)
-            self._crop_into(self.crop, located, None, rows)
-            return batch(images)
-        layout = self.manifest.layout
-        if layout.kind is StorageKind.FIXED_PIXELS and layout.shape and self.transform is None:
-            height, width, channels = layout.shape
-            images = new_batch((len(located), channels, height, width), torch.uint8)
-            self._gather_pixels(located, images.permute(0, 2, 3, 1))
-            return batch(images)
-        values = self._read_located(located)
-        whole = self._decode_whole(values, located) if self.decode and self.crop is None else None
-        if whole is not None and self.transform is None:
-            return batch(whole)
-
-        def load(row: int) -> Any:
-            if whole is None:
-                return self._decode(values[row], *located[row])
-            return self.transform(whole[row])  # type: ignore[misc]
-
-        return batch(stack_images(load, len(located), self._map))
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s random crops (``crop=``); :class:`readers.EpochSampler`
@@ -249,42 +214,6 @@ class ImageDataset(StoredReads, ImageFolderAttributes, Dataset):
             image = rows[0].permute(2, 0, 1)
         return self.transform(image) if self.transform is not None else image
 
-    def _crop_into(
-        self,
-        crop: Crop,
-        located: list[tuple[int, int]],
-        values: list[Any] | None,
-        rows: torch.Tensor,
-    ) -> None:
-        """Decode, crop and resize each sample into its HWC row of ``rows``, from its stored
-        value (read here as :meth:`read_stored` reads, unless ``values`` are given): see
-        :func:`readers.images.fused.crop_parts`. Every shard is opened here first."""
-        verified = all(self.shard(s).verified for s in {s for s, _ in located})
-        if values is None:
-            values = self._read_located(located)
-        crop_parts(
-            values,
-            np.array([(self._ends[s - 1] if s else 0) + k for s, k in located]),
-            crop,
-            rows.numpy(),
-            lambda row: self._where(*located[row]),
-            verified,
-            self._pool,
-            self.decode_threads or default_decode_threads(),
-        )
-
-    def _decode_whole(self, values: list[Any], located: list[tuple[int, int]]) -> Any:
-        """:func:`readers.images.whole.decode_batch` of these samples (None: not taken);
-        for ``transform``, into a batch of its own, never a pooled buffer."""
-        return decode_batch(
-            values,
-            all(self.shard(s).verified for s in {s for s, _ in located}),
-            lambda row: self._to_tensor(values[row], *located[row]),
-            None if self.transform is not None else partial(new_batch, dtype=torch.uint8),
-            self._pool,
-            self.decode_threads or default_decode_threads(),
-        )
-
     def _to_tensor(self, value: Any, shard: int, local: int) -> torch.Tensor:
         if not self.decode and not isinstance(value, np.ndarray):
             return torch.frombuffer(bytearray(value), dtype=torch.uint8)
@@ -296,17 +225,6 @@ class ImageDataset(StoredReads, ImageFolderAttributes, Dataset):
             except ValueError as e:  # name the sample only when it fails: this path is hot
                 raise DatasetError(f"{self._where(shard, local)}: {e}") from e
         return torch.from_numpy(pixels).permute(2, 0, 1)
-
-    def _gather_pixels(self, located: list[tuple[int, int]], out: torch.Tensor) -> None:
-        """Copy raw samples straight into their rows of ``out``: one call when the batch
-        lies in one shard, else one per row (still one copy per sample, no re-shuffle)."""
-        shards = {shard for shard, _ in located}
-        if len(shards) == 1:
-            local = np.fromiter((k for _, k in located), np.int64, len(located))
-            self.shard(shards.pop()).read_pixels(local, out)
-            return
-        for row, (shard, k) in enumerate(located):
-            self.shard(shard).read_pixels(np.array([k]), out[row : row + 1])
 
     def _map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         """``[fn(x) for x in items]`` on the decode threads."""

@@ -23,7 +23,7 @@ import readers.dataset
 from convert import ConvertOptions, convert_folder
 from readers.images.kernel import crop_kernel
 from readers.images.pool import DecodePool
-from readers.images.whole import decode_batch
+from readers.images.whole import start_batch
 from tests.photos import encode, photo_crop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,8 +192,8 @@ def test_unverified_bytes_decode_as_turbojpeg_does(params) -> None:
     values = [encode(photo_crop(37, 53, seed=k), **params) for k in range(5)]
     values.append(encode(Image.fromarray(photo_crop(37, 53, seed=9)).convert("L"), **params))
     want = np.stack([readers.decode_image(v) for v in values])  # TurboJPEG, unverified
-    images = decode_batch(
-        values, False, lambda row: 1 / 0, None, DecodePool(), threads=2
-    )  # no fallback: the kernel takes every one
-    assert isinstance(images, torch.Tensor)
-    np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), want)
+    for ahead in (False, True):  # the caller decoding beside the pool, or the pool alone
+        started = start_batch(values, False, lambda row: 1 / 0, None, DecodePool(), 2, ahead)
+        images = started.result()  # no fallback: the kernel takes every one
+        assert isinstance(images, torch.Tensor)
+        np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), want)

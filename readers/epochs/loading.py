@@ -123,7 +123,14 @@ class Loader:
         self._generation += 1
 
     def _start_source(self, state: EpochState) -> None:
-        """Hand ``state`` to the sampler or stream before the DataLoader iterates."""
+        """Hand ``state`` to the sampler or stream before the DataLoader iterates, and have
+        a sampler announce each batch to a dataset read in this process (none in workers),
+        which begins it one batch early (:mod:`readers.batches_ahead`)."""
+        if isinstance(self.source, EpochSampler):
+            loader = self.dataloader
+            same_batches = loader.batch_size == self.source.batch_size
+            here = loader.num_workers == 0 and same_batches
+            self.source.read_ahead = getattr(loader.dataset, "read_ahead", None) if here else None
         if state.fresh:
             self.source.set_epoch(state.epoch)
         if self.source.epoch_state != state:

@@ -10,7 +10,9 @@ dataset (a state saved before it keeps the whole permutation it was saved with).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence, Sized
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence, Sized
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -21,7 +23,7 @@ from readers.epochs.placement import Placement
 from readers.epochs.ranges import wrapped
 from readers.epochs.state import EpochSource, EpochState, require_full_batches, subset_digest
 
-__all__ = ["EpochSampler", "selected_indices"]
+__all__ = ["EpochSampler", "announced", "selected_indices"]
 
 _CHUNK = 1 << 16  # positions ordered and turned into Python ints at a time
 
@@ -80,6 +82,9 @@ class EpochSampler(EpochSource, Sampler[int]):
         self._state = self.start_state(0)
         self._yielded = 0  # by the current iterator, on this rank
         self._order: MapOrder | None = None  # of the last epoch iterated (a permutation's cache)
+        # told each batch's indices one batch before they are yielded (readers.Loader sets
+        # it in the training process: the dataset begins the batch then)
+        self.read_ahead: Callable[[list[int]], None] | None = None
         # a dataset's set_epoch (its random crops), told each epoch it is handed out
         self._dataset_set_epoch = getattr(data, "set_epoch", None)
 
@@ -98,6 +103,18 @@ class EpochSampler(EpochSource, Sampler[int]):
         state, self._yielded = self._state, 0
         if self._dataset_set_epoch is not None:
             self._dataset_set_epoch(state.epoch)
+        indices = self._rank_indices(state)
+        if self.read_ahead is not None:
+            indices = announced(indices, self.batch_size, self.read_ahead)
+        for index in indices:
+            self._yielded += 1
+            yield index
+        # the whole epoch is out: a state taken now starts the next one
+        self._state = state.start_of(state.epoch + 1)
+        self._yielded = 0
+
+    def _rank_indices(self, state: EpochState) -> Iterator[int]:
+        """This rank's dataset indices of the epoch ``state`` describes, in order."""
         order = self._epoch_order(state)
         for lo, hi in wrapped(self.split(state).rank_ranges(self.rank), self.num_samples):
             for start in range(lo, hi, _CHUNK):  # a chunk at a time, never the whole share
@@ -106,12 +123,7 @@ class EpochSampler(EpochSource, Sampler[int]):
                     indices = order.indices(indices)
                 if self.indices is not None:  # positions of the subset -> dataset indices
                     indices = self.indices[indices]
-                for index in indices.tolist():
-                    self._yielded += 1
-                    yield index
-        # the whole epoch is out: a state taken now starts the next one
-        self._state = state.start_of(state.epoch + 1)
-        self._yielded = 0
+                yield from indices.tolist()
 
     def _place(self) -> None:
         """Resolve rank and world size (again: a group may exist by now)."""
@@ -163,3 +175,19 @@ def selected_indices(indices: Sequence[int] | np.ndarray, size: int) -> np.ndarr
             f"the samples of a dataset of {size}"
         )
     return array.astype(np.int64, copy=False)
+
+
+def announced(
+    indices: Iterator[int], batch_size: int, announce: Callable[[list[int]], None]
+) -> Iterator[int]:
+    """``indices``, each batch of ``batch_size`` of them (as the DataLoader cuts them)
+    passed to ``announce`` one batch before its first index is yielded: when the DataLoader
+    asks for batch ``k``, batch ``k + 1`` is begun (:mod:`readers.batches_ahead`)."""
+    waiting: deque[list[int]] = deque()
+    while batch := list(islice(indices, batch_size)):
+        announce(batch)
+        waiting.append(batch)
+        if len(waiting) > 1:
+            yield from waiting.popleft()
+    while waiting:
+        yield from waiting.popleft()

@@ -87,6 +87,17 @@ class SampleCrcs:
         """Whether the shard records CRC-32s (encoded samples written since they were)."""
         return self._crcs is not None
 
+    def check_many(self, indices: Sequence[int], actual: np.ndarray) -> None:
+        """:meth:`check` of samples ``indices`` at once, given their computed CRC-32s
+        (uint32, :func:`stored_crcs`): one array comparison, the first mismatch named."""
+        if self._crcs is None:
+            return
+        recorded = np.asarray(self._crcs)[np.asarray(indices, dtype=np.int64)].astype(np.int64)
+        wrong = np.flatnonzero(recorded != actual)
+        if len(wrong):
+            k = int(wrong[0])
+            self._mismatch(int(indices[k]), int(actual[k]), int(recorded[k]))
+
     def check(self, i: int, data: bytes | memoryview, actual: int | None = None) -> None:
         """Raise DatasetError naming ``shard[i]`` unless ``data`` has sample ``i``'s CRC
         (``actual``, when the caller computed it already: :func:`stored_crcs`)."""
@@ -96,10 +107,13 @@ class SampleCrcs:
             actual = sample_crc(data)
         recorded = int(self._crcs[i])
         if actual != recorded:
-            raise DatasetError(
-                f"{self._where}[{i}]: stored bytes fail their CRC-32 ({actual:08x}, recorded "
-                f"{recorded:08x}): damaged since the conversion (imgpack verify names the shard)"
-            )
+            self._mismatch(i, actual, recorded)
+
+    def _mismatch(self, i: int, actual: int, recorded: int) -> None:
+        raise DatasetError(
+            f"{self._where}[{i}]: stored bytes fail their CRC-32 ({actual:08x}, recorded "
+            f"{recorded:08x}): damaged since the conversion (imgpack verify names the shard)"
+        )
 
 
 def npy_pixels(data: bytes, where: str, shape: tuple[int, int, int] | None) -> np.ndarray:

@@ -49,6 +49,13 @@ class ShardReader(ABC):
         bytes (raw pixels are checked here, against their shape). Only :meth:`read` and
         :func:`read_checked` call it."""
 
+    def release_pages(self) -> None:
+        """Let this process's mapping of the shard drop the pages read so far (the kernel
+        keeps them in its page cache; a later read maps them again): what a pass over
+        every shard (``ds.metadata()``) calls once it has copied what it needs from one,
+        so that the passed shards do not stay resident. A no-op where nothing is mapped."""
+        return
+
     def recorded_sizes(self) -> np.ndarray | None:
         """``[n, 2]`` (height, width) as a version 2 shard records them, read when asked
         rather than held from the open (a reading process keeps a few words per sample);
@@ -118,6 +125,10 @@ def check_fetched(
     if not checked:
         return
     actual = stored_crcs([values[k] for k in checked])  # type: ignore[misc]
+    first = located[checked[0]][0]
+    if all(located[k][0] is first for k in checked):  # one shard: one comparison
+        first.crcs.check_many([located[k][1] for k in checked], actual)
+        return
     for k, crc in zip(checked, actual.tolist(), strict=True):
         reader, i = located[k]
         reader.crcs.check(i, values[k], crc)  # type: ignore[arg-type]

@@ -286,7 +286,10 @@ def crop_parts(
             next_row,
             plan.divisors,
         )
-        run(lambda _: share(verified=verified), range(max(min(threads, len(taken)), 1)), threads)
+        if pool is None:
+            share(verified=verified)
+        else:
+            pool.share(partial(share, verified=verified), len(taken), threads)
     todo = np.flatnonzero(~plan.fast | (status != 0))
     if len(todo):
         parts = [todo[part] for part in batch_parts(len(todo), threads)]

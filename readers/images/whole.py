@@ -13,6 +13,8 @@ dataset stored at its training size); the others keep the per-sample path.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
+from contextlib import suppress
 from functools import partial
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -31,7 +33,14 @@ from readers.images.kernel import (
 )
 from readers.images.pool import DecodePool
 
-__all__ = ["WholePlan", "decode_batch", "decode_taken", "plan_whole"]
+__all__ = [
+    "WholeBatch",
+    "WholeDecode",
+    "WholePlan",
+    "plan_whole",
+    "start_batch",
+    "start_taken",
+]
 
 
 class WholePlan(NamedTuple):
@@ -61,19 +70,39 @@ def plan_whole(values: Sequence[Any]) -> WholePlan | None:
     return WholePlan(kernel, taken, (int(heights[0]), int(widths[0])))
 
 
-def decode_taken(
+class WholeDecode:
+    """A batch's kernel decode under way on the decode threads (:func:`start_taken`):
+    :meth:`left` waits for it."""
+
+    def __init__(self, started: list[Future[None]], status: np.ndarray) -> None:
+        self._started = started
+        self._status = status
+
+    def left(self) -> np.ndarray:
+        """The rows of the batch left to the Python path (not taken, or refused by
+        libjpeg), ascending, once every decode thread's call has returned; raises the first
+        call's error."""
+        wait(self._started)
+        for future in self._started:
+            future.result()
+        return np.flatnonzero(self._status != 0)
+
+
+def start_taken(
     plan: WholePlan,
     values: Sequence[Any],
     out: np.ndarray,
     verified: bool,
     pool: DecodePool,
     threads: int,
-) -> np.ndarray:
+    caller: bool,
+) -> WholeDecode:
     """Decode the rows ``plan.taken`` of ``values`` into their rows of ``out`` (uint8 ``[n,
     H, W, 3]``, C-contiguous or the HWC view of a C-contiguous NCHW batch) on ``threads``
-    decode threads of ``pool``, which take the rows from a shared counter; returns the rows
-    of the batch left to the Python path (not taken, or refused by libjpeg), ascending.
-    ``verified``: as for :func:`readers.images.kernel.crop_rows`."""
+    decode threads of ``pool``, which take the rows from a shared counter. ``caller``: the
+    calling thread is one of them, and the decode is done on return; else it runs on the
+    pool's threads alone while the caller goes on (a batch read ahead). ``verified``: as
+    for :func:`readers.images.kernel.crop_rows`."""
     n = len(values)
     height, width = plan.size
     boxes = np.zeros((n, 5), dtype=np.int64)
@@ -94,23 +123,69 @@ def decode_taken(
         1,  # no DCT scaling: the box is the output's size
         verified,
     )
-    pool.map(lambda _: share(), range(max(min(threads, len(plan.taken)), 1)), threads)
-    return np.flatnonzero(status != 0)
+    if caller:
+        pool.share(share, len(plan.taken), threads)
+        return WholeDecode([], status)
+    return WholeDecode(pool.start(share, len(plan.taken), threads), status)
 
 
-def decode_batch(
+class WholeBatch:
+    """A batch decoded whole (:func:`start_batch`): :meth:`result` finishes it."""
+
+    def __init__(
+        self,
+        batch: torch.Tensor,
+        decode: WholeDecode,
+        fallback: Callable[[int], torch.Tensor],
+        pool: DecodePool,
+        threads: int,
+    ) -> None:
+        self._batch, self._decode = batch, decode
+        self._fallback, self._pool, self._threads = fallback, pool, threads
+
+    def settle(self) -> None:
+        """Wait for the decode threads, for a batch no one will ask for; errors dropped."""
+        with suppress(Exception):
+            self._decode.left()
+
+    def result(self) -> torch.Tensor | list[torch.Tensor]:
+        """The uint8 ``[n, 3, H, W]`` batch, its rows the kernel left decoded by
+        ``fallback(row)`` on the decode threads; a list where one of those has another
+        size."""
+        batch = self._batch
+        out = batch.permute(0, 2, 3, 1).numpy()
+        left = self._decode.left().tolist()
+
+        def fill(row: int) -> torch.Tensor | None:
+            image = self._fallback(row)
+            if image.shape != batch.shape[1:]:
+                return image
+            np.copyto(out[row], image.permute(1, 2, 0).numpy())
+            return None
+
+        misfits = dict(zip(left, self._pool.map(fill, left, self._threads), strict=True))
+        if all(image is None for image in misfits.values()):
+            return batch
+        rows = range(len(batch))
+        return [batch[row] if misfits.get(row) is None else misfits[row] for row in rows]
+
+
+def start_batch(
     values: Sequence[Any],
     verified: bool,
     fallback: Callable[[int], torch.Tensor],
     allocate: Callable[[tuple[int, int, int, int]], torch.Tensor] | None,
     pool: DecodePool,
     threads: int,
-) -> torch.Tensor | list[torch.Tensor] | None:
-    """The stored ``values`` decoded whole as one uint8 ``[n, 3, H, W]`` channels-last
-    batch from ``allocate(shape)`` (None: a tensor of its own), the kernel's rows by
-    :func:`decode_taken` and the others by ``fallback(row)`` (the Python path's ``[3, H,
-    W]`` tensor) on the decode threads; a list where a fallback image has another size;
-    None where :func:`plan_whole` leaves the batch to the per-sample path."""
+    ahead: bool = False,
+) -> WholeBatch | None:
+    """Start decoding the stored ``values`` whole into one uint8 ``[n, 3, H, W]``
+    channels-last batch from ``allocate(shape)`` (None: a tensor of its own): the kernel's
+    rows on the decode threads, then, in :meth:`WholeBatch.result`, the others by
+    ``fallback(row)`` (the Python path's ``[3, H, W]`` tensor). ``ahead``: the kernel's
+    share runs on the pool's threads while the caller goes on (a batch read ahead of its
+    turn); else the caller decodes beside them and the decode is done on return. None where
+    :func:`plan_whole` leaves the batch to the per-sample path."""
     plan = plan_whole(values)
     if plan is None:
         return None
@@ -120,16 +195,5 @@ def decode_batch(
     else:
         batch = allocate((n, 3, height, width))
     out = batch.permute(0, 2, 3, 1).numpy()
-    left = decode_taken(plan, values, out, verified, pool, threads).tolist()
-
-    def fill(row: int) -> torch.Tensor | None:
-        image = fallback(row)
-        if image.shape != batch.shape[1:]:
-            return image
-        np.copyto(out[row], image.permute(1, 2, 0).numpy())
-        return None
-
-    misfits = dict(zip(left, pool.map(fill, left, threads), strict=True))
-    if all(image is None for image in misfits.values()):
-        return batch
-    return [batch[row] if misfits.get(row) is None else misfits[row] for row in range(n)]
+    decode = start_taken(plan, values, out, verified, pool, threads, caller=not ahead)
+    return WholeBatch(batch, decode, fallback, pool, threads)
