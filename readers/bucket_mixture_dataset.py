@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
-from readers.bucket_dataset import BucketCrop
+from readers.bucket_dataset import BucketCrop, BucketLoader
 from readers.dataset import ImageDataset
 from readers.epochs.bucket_mixture import EpochBatches, MixtureBuckets
 from readers.epochs.buckets import AspectBuckets
@@ -152,22 +152,12 @@ class BucketMixtureSampler(EpochSampler):
         super().load_state_dict(state)
 
 
-class BucketMixtureLoader(MixtureLoader):
-    """A :class:`MixtureLoader` of bucketed batches: ``len()`` counts this rank's batches
-    of the current epoch (epochs differ), and the state adds the buckets."""
+class BucketMixtureLoader(MixtureLoader, BucketLoader):
+    """A :class:`MixtureLoader` and a :class:`BucketLoader`: ``sources``, ``buckets`` and
+    ``plan`` (a :class:`MixtureBuckets`); ``len()`` counts this rank's batches of the
+    current epoch (epochs differ); the state records the mixture and the buckets."""
 
     source: BucketMixtureSampler  # type: ignore[assignment]
-
-    @property
-    def buckets(self) -> AspectBuckets:
-        return self.source.plan.buckets
-
-    @property
-    def plan(self) -> MixtureBuckets:
-        return self.source.plan
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "buckets": self.source.plan.state_dict()}
 
 
 def make_bucket_mixture_loader(
