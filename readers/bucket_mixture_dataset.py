@@ -25,7 +25,7 @@ from readers.bucket_dataset import BucketCrop, BucketLoader
 from readers.dataset import ImageDataset
 from readers.epochs.bucket_mixture import EpochBatches, MixtureBuckets
 from readers.epochs.buckets import AspectBuckets
-from readers.epochs.mixture import WeightsArg
+from readers.epochs.mixture import Mixture, WeightsArg
 from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler
 from readers.epochs.state import EpochState
@@ -74,7 +74,7 @@ class BucketMixtureSampler(EpochSampler):
         )
 
     @property
-    def mixture(self) -> Any:
+    def mixture(self) -> Mixture:
         return self.plan.mixture
 
     def _sizes(self, epoch: int) -> int:

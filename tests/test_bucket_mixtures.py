@@ -133,7 +133,7 @@ def batch_count(read: Counter, shapes: dict, batch_size: int, drop_last: bool = 
 
 
 def test_each_epoch_reads_the_mixtures_own_samples_in_batches_of_one_bucket(paths, shapes):
-    loader = mixed(paths, num_workers=2)
+    loader = mixed(paths, num_workers=2, persistent_workers=True)
     counts = []
     for epoch in range(3):
         expected = unbucketed(paths, epoch)
