@@ -23,10 +23,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from readers.batch import SampleBatch, new_batch
 from readers.batch_pool import hand_over
-from readers.dataset import ImageDataset, open_dataset
+from readers.dataset import ImageDataset
 from readers.dataset_reads import StoredBatch
-from readers.epochs.loading import Loader, with_read_options
-from readers.epochs.mixture import Mixture, MixtureOrder, MixtureSource, WeightsArg, make_schedule
+from readers.epochs.loading import Loader
+from readers.epochs.mixture import Mixture, MixtureOrder, WeightsArg
 from readers.epochs.placement import Placement, default_decode_threads
 from readers.epochs.sampler import EpochSampler
 from readers.epochs.state import EpochState
@@ -34,7 +34,7 @@ from readers.fields import FieldSpec
 from readers.images.crop import Crop
 from readers.images.fused import crop_parts
 from readers.images.pool import DecodePool
-from readers.spec import StorageKind
+from readers.mixture_sources import open_mixture
 
 __all__ = [
     "MixtureBatch",
@@ -292,31 +292,19 @@ def make_mixture_loader(
             ``crop=``), naming each with its size; sources lacking a field asked for, or
             holding it as another kind, naming them; weights that name other sources.
     """
-    if not paths:
-        raise ValueError("a mixture needs at least one source")
     placement = Placement.for_loader(distributed, rank, world_size)
-    opened = {
-        str(name): p
-        if isinstance(p, ImageDataset)
-        else open_dataset(p, storage_options=storage_options, cache_dir=cache_dir)
-        for name, p in paths.items()
-    }
-    _require_fields(opened, fields)
-    datasets = {
-        name: with_read_options(d, None, None, True, crop, fields) for name, d in opened.items()
-    }
-    _require_one_shape(datasets)
-    sources = tuple(
-        MixtureSource(name, len(d), d.manifest.content_sha256) for name, d in datasets.items()
+    datasets, mixture = open_mixture(
+        paths,
+        weights=weights,
+        epoch_size=epoch_size,
+        stratify=stratify,
+        shuffle=shuffle,
+        seed=seed,
+        crop=crop,
+        fields=fields,
+        storage_options=storage_options,
+        cache_dir=cache_dir,
     )
-    if not all(s.samples for s in sources):
-        raise ValueError(
-            f"mixture sources with no sample: {[s.name for s in sources if not s.samples]}"
-        )
-    size = sum(s.samples for s in sources) if epoch_size is None else int(epoch_size)
-    if size < 1:
-        raise ValueError(f"epoch_size={epoch_size!r}: at least 1")
-    mixture = Mixture(sources, make_schedule(weights, sources), size, seed, stratify, shuffle)
     dataset = MixtureDataset(datasets)
     sampler = MixtureSampler(
         dataset,
@@ -338,37 +326,3 @@ def make_mixture_loader(
         )
 
     return MixtureLoader(sampler, make_dataloader)
-
-
-def _require_fields(datasets: Mapping[str, ImageDataset], fields: Sequence[str] | None) -> None:
-    """Refuse fields a source lacks or holds as another kind, naming the sources."""
-    for name in fields or ():
-        lacking = [k for k, d in datasets.items() if name not in d.manifest.fields]
-        if lacking:
-            raise ValueError(f"mixture sources without the field {name!r}: {', '.join(lacking)}")
-        kinds = {k: d.manifest.fields[name] for k, d in datasets.items()}
-        if len(set(kinds.values())) > 1:
-            shown = ", ".join(f"{k} {spec.to_json()}" for k, spec in kinds.items())
-            raise ValueError(f"mixture sources hold the field {name!r} as different kinds: {shown}")
-
-
-def _require_one_shape(datasets: Mapping[str, ImageDataset]) -> None:
-    """Refuse sources whose images cannot be stacked in one batch, naming each's size."""
-    shapes = {name: _shape(d) for name, d in datasets.items()}
-    if len(set(shapes.values())) > 1:
-        shown = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
-        raise ValueError(
-            f"mixture sources whose images cannot form one batch: {shown}; pass crop= "
-            "(readers.CenterCrop or RandomResizedCrop) to give them one size"
-        )
-
-
-def _shape(dataset: ImageDataset) -> str:
-    """A dataset's image size as served: the crop's, the stored one, or "various"."""
-    if dataset.crop is not None:
-        return "{}x{}".format(*dataset.crop.size)
-    layout = dataset.manifest.layout
-    if layout.kind is StorageKind.FIXED_PIXELS and layout.shape:  # no shard opened
-        return "{}x{}".format(*layout.shape[:2])
-    sizes = np.unique(dataset.sizes, axis=0) if len(dataset) else np.empty((0, 2))
-    return "{}x{}".format(*sizes[0]) if len(sizes) == 1 else "various sizes"

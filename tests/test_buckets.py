@@ -379,8 +379,10 @@ def test_make_loader_takes_buckets_and_refuses_what_they_cannot_go_with(photos, 
     ]:
         with pytest.raises(ValueError, match=named):
             readers.make_loader(photos["wds-original"], 2, buckets=BUCKETS, **bad)
-    with pytest.raises(ValueError, match="over a mixture are not built"):
-        readers.make_loader({"a": photos["pt-original"]}, 2, buckets=BUCKETS)
+    with pytest.raises(ValueError, match=r"stratify= \(a batch holds one bucket\)"):
+        readers.make_loader({"a": photos["pt-original"]}, 2, buckets=BUCKETS, stratify=True)
+    with pytest.raises(ValueError, match=r"indices=, decode_threads= \(one dataset's\)"):
+        readers.make_loader({"a": photos["pt-original"]}, 2, buckets=BUCKETS, indices=[0, 1])
 
 
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")

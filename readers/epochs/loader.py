@@ -112,7 +112,9 @@ def make_loader(
         buckets: :class:`readers.AspectBuckets`: every batch of one aspect-ratio bucket,
             its images resized to cover the bucket's shape and cropped to it
             (:func:`readers.bucket_dataset.make_bucket_loader`, docs/DISTRIBUTED.md); in
-            place of ``crop=``, over one map-style dataset.
+            place of ``crop=``, over one map-style dataset or a mixture (``path`` a
+            mapping: the mixture's samples grouped into buckets,
+            :func:`readers.bucket_mixture_dataset.make_bucket_mixture_loader`).
         **dataloader_kwargs: anything else ``DataLoader`` takes (``pin_memory``,
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``...);
             ``collate_fn`` defaults to :func:`readers.collate`.
@@ -267,26 +269,41 @@ def _bucketed(
     given: dict[str, Any],
     dataloader_kwargs: dict[str, Any],
 ) -> Loader:
-    """:func:`make_loader` with ``buckets=``: the bucket loader, or what it cannot take named."""
+    """:func:`make_loader` with ``buckets=``: the bucket loader (over one dataset, or over
+    a mixture when ``path`` is a mapping), or what it cannot take named."""
+    mixing = isinstance(path, Mapping)
     refused = {
-        "a mapping (buckets over a mixture are not built yet)": isinstance(path, Mapping),
         "stream=": given["stream"],
         "transform=": given["transform"] is not None,
         "crop= (the buckets crop)": given["crop"] is not None,
         "decode=False": not given["decode"],
-        "weights=, epoch_size=, stratify=, reweight=": any(
-            given[k] not in (None, False) for k in ("weights", "epoch_size", "stratify", "reweight")
-        ),
+        "stratify= (a batch holds one bucket)": given["stratify"],
     }
+    if mixing:
+        refused["indices=, decode_threads= (one dataset's)"] = (
+            given["indices"] is not None or given["decode_threads"] is not None
+        )
+    else:
+        refused["weights=, epoch_size=, reweight= (a mixture's)"] = any(
+            given[k] not in (None, False) for k in ("weights", "epoch_size", "reweight")
+        )
     if any(refused.values()):
         named = "; ".join(k for k, v in refused.items() if v)
-        raise ValueError(f"buckets= reads one map-style dataset decoded: not with {named}")
+        raise ValueError(f"buckets= reads map-style datasets decoded: not with {named}")
+    keep = ("shuffle", "seed", "num_workers", "distributed", "drop_last", "fields", "rank")
+    keep += ("world_size", "storage_options", "cache_dir")
+    options = {name: given[name] for name in keep}
+    if mixing:
+        from readers.bucket_mixture_dataset import make_bucket_mixture_loader  # as below
+
+        mixture = {name: given[name] for name in ("weights", "epoch_size", "reweight")}
+        return make_bucket_mixture_loader(
+            path, batch_size, buckets, **mixture, **options, **dataloader_kwargs
+        )
     from readers.bucket_dataset import make_bucket_loader  # it builds on readers.epochs.loading
 
     dataset, indices = _unwrap_subset(path, given["indices"])
-    keep = ("shuffle", "seed", "num_workers", "distributed", "drop_last", "decode_threads")
-    keep += ("fields", "rank", "world_size", "storage_options", "cache_dir")
-    options = {name: given[name] for name in keep}
+    options["decode_threads"] = given["decode_threads"]
     return make_bucket_loader(
         dataset, batch_size, buckets, indices=indices, **options, **dataloader_kwargs
     )

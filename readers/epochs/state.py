@@ -28,6 +28,10 @@ The rule, shared by the map-style sampler and the stream:
   them and continues exactly as the uninterrupted run would have; any other shape cuts
   the rest afresh (every sample once).
 
+An epoch's size may depend on the epoch (a bucketed mixture's batches: the samples each
+epoch draws decide them): such a state carries ``sizes``, epoch -> positions, and the next
+epoch starts over ``sizes(epoch)`` positions; the rule within an epoch is unchanged.
+
 A subset of a dataset (``make_loader(path, indices=...)``, a ``Subset``) is an epoch over
 its own ``N`` positions, each naming one of its samples; a state saved over it carries the
 subset's fingerprint, so that a loader over other samples refuses it.
@@ -50,7 +54,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -113,6 +118,8 @@ class EpochState:
     workers: int = 1
     parts: tuple[tuple[int, ...], ...] = ()
     turns: tuple[int, ...] = ()
+    # epoch -> positions, where the size varies by epoch (not saved: the source knows it)
+    sizes: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def start(
@@ -123,7 +130,9 @@ class EpochState:
 
     def start_of(self, epoch: int) -> EpochState:
         """The start of ``epoch`` in this run: the same seed, order and samples."""
-        return EpochState.start(epoch, self.seed, self.num_samples, self.order, self.subset)
+        size = self.num_samples if self.sizes is None else self.sizes(epoch)
+        start = EpochState.start(epoch, self.seed, size, self.order, self.subset)
+        return start if self.sizes is None else dataclasses.replace(start, sizes=self.sizes)
 
     @property
     def fresh(self) -> bool:
@@ -153,6 +162,7 @@ class EpochState:
             split.num_workers if parts else 1,
             parts,
             turns,
+            self.sizes,
         )
 
     def progress_for(
