@@ -33,7 +33,7 @@ import numpy as np
 
 from readers.fields import SCALAR_KINDS, FieldSpec
 from readers.formats import ShardReader
-from readers.formats.field_columns import BlobColumn, FieldColumn
+from readers.formats.field_columns import BlobColumn, FieldColumn, ScalarColumn
 from readers.manifest import Manifest
 from readers.spec import DatasetError
 
@@ -53,9 +53,6 @@ class Dataset(Protocol):
 
     @property
     def fields(self) -> Mapping[str, FieldSpec]: ...
-
-    @property
-    def sizes(self) -> np.ndarray: ...
 
     def shard(self, index: int) -> ShardReader: ...
 
@@ -102,6 +99,10 @@ def metadata_table(ds: Dataset, columns: Sequence[str] | None = None) -> pyarrow
     """The metadata table of dataset ``ds`` (see the module's docstring): its fields
     ``columns`` (None: all of the kinds a column holds).
 
+    The shards are read one after another, each column a chunk a shard copied out of it,
+    and each shard's mapped pages let go before the next (a million samples' shards do
+    not stay resident beside the table).
+
     Raises:
         ImportError: pyarrow is not installed (saying how to install it).
         ValueError: for a ``columns`` name as :func:`metadata_columns` says.
@@ -110,25 +111,32 @@ def metadata_table(ds: Dataset, columns: Sequence[str] | None = None) -> pyarrow
     pa = _pyarrow()
     schema = ds.fields
     names = metadata_columns(schema, columns, ds.manifest.location)
-    shards = [ds.shard(k) for k in range(len(ds.manifest.shards))]
-    labels = [np.asarray(shard.labels, dtype=np.int64) for shard in shards]
-    sizes = ds.sizes
-    n = len(sizes)
-    table: dict[str, Any] = {
-        "index": pa.array(np.arange(n, dtype=np.int64)),
-        "label": pa.array(np.concatenate(labels) if labels else np.empty(0, np.int64)),
-        "height": pa.array(np.ascontiguousarray(sizes[:, 0])),
-        "width": pa.array(np.ascontiguousarray(sizes[:, 1])),
-    }
+    base: dict[str, list[Any]] = {"label": [], "height": [], "width": []}
+    chunks: dict[str, list[Any]] = {name: [] for name in names}
+    for k in range(len(ds.manifest.shards)):
+        shard = ds.shard(k)
+        sizes = shard.sizes()
+        base["label"].append(_numbers(pa, pa.int64(), shard.labels))
+        base["height"].append(_numbers(pa, pa.int64(), sizes[:, 0]))
+        base["width"].append(_numbers(pa, pa.int64(), sizes[:, 1]))
+        for name in names:
+            column = _column(ds, k, shard, name)
+            kind = schema[name].kind
+            chunks[name].append(
+                _scalar_chunk(pa, column, kind) if kind in SCALAR_KINDS else _text_chunk(pa, column)
+            )
+        shard.release_pages()
+    n = ds.manifest.num_samples
+    index = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(np.arange(n, dtype=np.int64))])
+    table: dict[str, Any] = {"index": index}
+    for column, parts in base.items():
+        table[column] = pa.chunked_array(parts, type=pa.int64())
     for name in names:
         kind = schema[name].kind
-        parts = [_column(ds, k, shard, name) for k, shard in enumerate(shards)]
-        column = f"field:{name}" if name in BASE_COLUMNS else name
-        if kind in SCALAR_KINDS:
-            table[column] = _scalar_column(pa, parts, kind)
-        else:
-            chunks = [_text_chunk(pa, part) for part in parts]
-            table[column] = pa.chunked_array(chunks, type=pa.string())
+        arrow_type = {"int": pa.int64(), "float": pa.float64()}.get(kind, pa.string())
+        table[f"field:{name}" if name in BASE_COLUMNS else name] = pa.chunked_array(
+            chunks[name], type=arrow_type
+        )
     return pa.table(table)
 
 
@@ -141,31 +149,52 @@ def _column(ds: Dataset, k: int, shard: Any, name: str) -> FieldColumn:
     return column
 
 
-def _scalar_column(pa: Any, parts: Sequence[Any], kind: str) -> Any:
-    """An int or float field's whole typed column, missing values null: the shards' NumPy
-    columns concatenated, with their ``valid`` flags as the null mask."""
-    dtype = np.int64 if kind == "int" else np.float64
-    values, valid = [], []
-    for part in parts:
-        part_values, part_valid = part.scalars()
-        values.append(part_values)
-        valid.append(part_valid)
-    if not values:
-        return pa.array(np.empty(0, dtype))
-    mask = np.concatenate(valid) == 0
-    return pa.array(np.concatenate(values).astype(dtype, copy=False), mask=mask)
+def _scalar_chunk(pa: Any, column: FieldColumn, kind: str) -> Any:
+    """An int or float field of one shard: its typed column copied out of the shard, its
+    ``valid`` flags as the null mask."""
+    if not isinstance(column, ScalarColumn):
+        raise DatasetError(f"{column.where}: field {column.name!r}: not a typed column")
+    values, valid = column.scalars()
+    return _numbers(pa, pa.int64() if kind == "int" else pa.float64(), values, valid)
+
+
+def _numbers(pa: Any, arrow_type: Any, values: np.ndarray, valid: np.ndarray | None = None) -> Any:
+    """An int64 or float64 array of a copy of ``values`` (null where ``valid`` is 0), made
+    from NumPy buffers: ``pa.array`` would copy them again, and its first call sets up
+    some 50 MB of converters that a table of a million rows does not need."""
+    dtype = np.dtype(arrow_type.to_pandas_dtype())
+    data = pa.py_buffer(np.array(values, dtype=dtype))
+    present = None if valid is None or valid.all() else _bitmap(pa, valid)
+    return pa.Array.from_buffers(arrow_type, len(values), [present, data])
+
+
+def _bitmap(pa: Any, valid: np.ndarray) -> Any:
+    """Arrow's validity bitmap of ``valid`` (1 where a value is present)."""
+    return pa.py_buffer(np.packbits(np.asarray(valid) != 0, bitorder="little"))
 
 
 def _text_chunk(pa: Any, column: FieldColumn) -> Any:
     """A text or json field of one shard as a string array (json: its canonical text), from
-    the canonical bytes of all its samples (None: null), checked as UTF-8 by the cast."""
+    the canonical bytes of all its samples (None: null), checked as UTF-8. Values back to
+    back become the array's buffers as they are (their one copy out of the shard, no arrow
+    cast copying them again)."""
     whole = column.whole() if isinstance(column, BlobColumn) else None
     if whole is None:  # values that are not back to back (wds members): one at a time
         raw = column.raw(range(len(column.valid)))
-        return pa.array(raw, type=pa.binary()).cast(pa.string())
-    data, offsets = whole
-    present = pa.array(column.valid != 0).buffers()[1] if not column.valid.all() else None
-    values = pa.Array.from_buffers(
-        pa.large_binary(), len(column.valid), [present, pa.py_buffer(offsets), pa.py_buffer(data)]
-    )
-    return values.cast(pa.large_string()).cast(pa.string())
+        values = pa.array(raw, type=pa.binary())
+        offsets, data = values.buffers()[1:]
+    else:
+        data, relative = whole
+        if relative[-1] >= 2**31:  # more than a string array's int32 offsets reach
+            raise DatasetError(
+                f"{column.where}: field {column.name!r}: {relative[-1]} bytes of text in one "
+                "shard, more than a metadata column holds (2 GiB)"
+            )
+        offsets, data = pa.py_buffer(relative.astype(np.int32)), pa.py_buffer(data)
+    present = None if column.valid.all() else _bitmap(pa, column.valid)
+    text = pa.Array.from_buffers(pa.string(), len(column.valid), [present, offsets, data])
+    try:
+        text.validate(full=True)
+    except pa.ArrowInvalid as e:
+        raise DatasetError(f"{column.where}: field {column.name!r}: not UTF-8 text: {e}") from e
+    return text

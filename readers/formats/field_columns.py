@@ -98,11 +98,12 @@ class BlobColumn(FieldColumn):
         self._fetch, self._starts, self._stops, self._crcs = fetch, starts, stops, crcs
         self.packed: np.ndarray | Any = None  # the data part, where values lie back to back
 
-    def whole(self) -> tuple[np.ndarray, np.ndarray] | None:
+    def whole(self) -> tuple[bytes, np.ndarray] | None:
         """``(data, offsets)``: every value's bytes back to back (value ``i`` is
         ``data[offsets[i]:offsets[i + 1]]``, empty where missing), each checked against
         its CRC-32; None where the format does not keep them so (wds: tar members). What a
-        whole-column read (``ds.metadata()``) takes, without a Python object per value."""
+        whole-column read (``ds.metadata()``) takes, without a Python object per value;
+        ``data`` is a copy, so that the shard's mapped pages can go once it is made."""
         if self.packed is None:
             return None
         offsets = (
@@ -115,12 +116,11 @@ class BlobColumn(FieldColumn):
         # zlib over slices of one bytes copy: a third of the cost of memoryview slices
         copy = data.tobytes()
         actual = np.array([zlib.crc32(copy[a:b]) for a, b in pairwise(relative.tolist())])
-        del copy
         bad = np.flatnonzero((actual != self._crcs) & (self.valid != 0))
         if len(bad):
             i = int(bad[0])
             raise self._bad(i, "stored bytes fail their CRC-32: damaged since the conversion")
-        return data, relative
+        return copy, relative
 
     def raw(self, indices: Sequence[int]) -> list[bytes | None]:
         present = [int(i) for i in indices if self.valid[i]]

@@ -15,6 +15,11 @@ code runs, and reads are slices of the page cache, not whole-file loads.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
+import os
+
 import numpy as np
 import torch
 
@@ -63,6 +68,19 @@ class PtShard(ShardReader):
     def recorded_sizes(self) -> np.ndarray | None:
         return None if self._sizes is None else self._sizes.numpy()
 
+    def release_pages(self) -> None:
+        # Every tensor is a view of the one private, read-only-used mapping of the file
+        # (no read writes to it: fetch copies what a caller may change), so dropping its
+        # pages loses nothing: a later read faults them in again from the page cache.
+        # The span of the tensors must fit in the file: else they are not one mapping.
+        storages = [s for t in self._t.values() if (s := t.untyped_storage()).nbytes()]
+        if not storages:
+            return
+        start = min(s.data_ptr() for s in storages)
+        size = max(s.data_ptr() + s.nbytes() for s in storages) - start
+        if size <= os.path.getsize(self._path):
+            _drop_pages(start, size)
+
     def _field_part(self, name: str, part: str) -> np.ndarray:
         return self._get(spec.field_key(name, part)).numpy()
 
@@ -82,3 +100,25 @@ class PtShard(ShardReader):
         offsets = self._get(spec.PT_PATH_OFFSETS)
         data = self._get(spec.PT_PATHS)
         return bytes(data[offsets[i] : offsets[i + 1]].numpy()).decode("utf-8", "surrogateescape")
+
+
+def _drop_pages(address: int, size: int) -> None:
+    """``madvise(MADV_DONTNEED)`` over the whole pages of ``[address, address + size)`` of
+    a file mapping; nothing where the platform has no ``madvise`` (Windows)."""
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    libc = _libc()
+    if advice is None or libc is None:
+        return
+    page = mmap.PAGESIZE
+    first, end = address // page * page, -(-(address + size) // page) * page
+    libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(end - first), advice)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError, TypeError):
+        return None
+    return libc
