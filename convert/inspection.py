@@ -38,6 +38,7 @@ from convert.tile_text import (
     CAPTION_LINES,
     ELLIPSIS,
     LABEL_FONT_SIZE,
+    TileFont,
     bundled_font,
     fit_label,
     label_font,
@@ -291,7 +292,7 @@ def contact_sheet(
     cell_width = tile + GAP
     cell_height = tile + LABEL_HEIGHT * (1 + (CAPTION_LINES if caption else 0)) + GAP
     sheet = Image.new("RGB", (per_class * cell_width, len(names) * cell_height), (32, 32, 32))
-    draw, font = ImageDraw.Draw(sheet), label_font()
+    draw, font = ImageDraw.Draw(sheet), TileFont(label_font())
     text_width = tile - 2 * LABEL_PADDING
     left_out = 0 if classes else len(rows_of) - len(names)
     result = Sheet(str(out), sheet.size, names, {}, left_out=left_out)
@@ -308,17 +309,18 @@ def contact_sheet(
             if thumb is None:
                 result.unreadable.append(sample.relpath)
                 said = fit_label("unreadable", font, text_width)
-                draw.text((left + LABEL_PADDING, top + tile // 2), said, (255, 80, 80), font)
+                font.draw(draw, (left + LABEL_PADDING, top + tile // 2), said, (255, 80, 80))
             else:
                 sheet.paste(
                     thumb, (left + (tile - thumb.width) // 2, top + (tile - thumb.height) // 2)
                 )
-            draw.text((left + LABEL_PADDING, top + tile + 2), label, (240, 240, 240), font)
+            font.draw(draw, (left + LABEL_PADDING, top + tile + 2), label, (240, 240, 240))
             text = texts[column] if texts else None
             for n, line in enumerate(wrap_caption(text or "", font, text_width)):
                 at = (left + LABEL_PADDING, top + tile + 2 + LABEL_HEIGHT * (n + 1))
-                draw.text(at, line, (200, 200, 150), font)
+                font.draw(draw, at, line, (200, 200, 150))
     sheet.save(out, format="PNG")
+    font.warn_missing()
     return result
 
 

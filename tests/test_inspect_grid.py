@@ -5,6 +5,8 @@ real image folders and the font matplotlib ships."""
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +170,69 @@ def test_grid_sizes_below_one_row_or_tile_are_refused_in_one_line(tmp_path, bad)
     )
     assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
     assert "--max-rows must be 1 or more" in result.output
+
+
+def installed_font_with(char: str) -> bool:
+    """Whether ``fc-list`` lists an installed font with a glyph for ``char``."""
+    if shutil.which("fc-list") is None:
+        pytest.skip("fc-list is not installed: cannot tell which fonts are")
+    query = f":charset={ord(char):x}"
+    listed = subprocess.run(["fc-list", query, "file"], capture_output=True, text=True, check=True)
+    return bool(listed.stdout.strip())
+
+
+def captioned_folder(root: Path, caption: str) -> Path:
+    """One class folder with one image and a txt sidecar holding ``caption``."""
+    class_folder(root, ["photos"])
+    (root / "photos" / "0.txt").write_text(caption, encoding="utf-8")
+    return root
+
+
+def caption_strip(sheet: Image.Image, tile: int) -> np.ndarray:
+    """The first caption line under the first tile."""
+    top = GAP // 2 + tile + LABEL_HEIGHT
+    return np.asarray(sheet.crop((GAP // 2, top, GAP // 2 + tile, top + LABEL_HEIGHT)))
+
+
+def test_a_japanese_caption_is_drawn_by_an_installed_font_or_named_in_one_warning(tmp_path, caplog):
+    caption = "富士山の写真"
+    root = captioned_folder(tmp_path / "folder", caption)
+    out = tmp_path / "sheet.png"
+    with caplog.at_level(logging.WARNING, logger="convert.tile_text"):
+        sheet = contact_sheet(root, out, per_class=1, tile=96, caption="txt")
+    assert sheet.captions == {"photos": [caption]} and out.is_file()  # written either way
+    warnings = [r.getMessage() for r in caplog.records if r.name == "convert.tile_text"]
+    with Image.open(out) as image:
+        drawn = ink(caption_strip(image, 96))
+    boxes = ink(caption_strip_of(caption, dejavu_sans(), 96))  # DejaVu's missing glyphs
+    if all(installed_font_with(c) for c in caption):
+        assert warnings == [] and not np.array_equal(drawn, boxes)
+    else:  # no CJK font here (Debian: apt-get install fonts-noto-cjk)
+        missing = "".join(c for c in caption if not installed_font_with(c))
+        assert warnings == [
+            f"inspect --grid: no installed font draws {missing} ({len(missing)} characters, "
+            "drawn as boxes): install a font that has them (Chinese, Japanese, Korean on "
+            "Debian or Ubuntu: apt-get install fonts-noto-cjk)"
+        ]
+
+
+def caption_strip_of(text: str, font: ImageFont.FreeTypeFont, tile: int) -> np.ndarray:
+    """``text`` drawn as a caption line by Pillow in ``font`` alone."""
+    strip = Image.new("RGB", (tile, LABEL_HEIGHT), BACKGROUND)
+    ImageDraw.Draw(strip).text((LABEL_PADDING, 2), text, (200, 200, 150), font)
+    return np.asarray(strip)
+
+
+def test_a_character_dejavu_sans_lacks_is_drawn_by_an_installed_font_that_has_it(tmp_path):
+    arc = "\u2312"  # ⌒: not in DejaVu Sans, in DejaVu Sans Mono (fonts-dejavu-core)
+    if not installed_font_with(arc):
+        pytest.skip("no installed font has U+2312")
+    root = captioned_folder(tmp_path / "folder", f"a{arc}b")
+    out = tmp_path / "sheet.png"
+    contact_sheet(root, out, per_class=1, tile=96, caption="txt")
+    with Image.open(out) as image:
+        drawn = ink(caption_strip(image, 96))
+    boxed = ink(caption_strip_of(f"a{arc}b", dejavu_sans(), 96))
+    assert drawn.shape[1] > 0 and not np.array_equal(drawn, boxed)  # not DejaVu's box
+    plain = ink(caption_strip_of("a", dejavu_sans(), 96))  # and "a" still DejaVu's own
+    assert np.array_equal(drawn[:, : plain.shape[1]][-plain.shape[0] :], plain)
