@@ -2,12 +2,16 @@
 
 The data is img2dataset's: the benchmark folder's JPEGs written as WebDataset tars with a
 caption (``txt``, 8-40 words, some non-ASCII) and a ``json`` (url, width, height, score) per
-sample, by ``webdataset.TarWriter``. Contenders, each a child process
-(:mod:`scripts.bench.convert_rate`, :mod:`scripts.bench.read_rate`), in interleaved rounds
-whose order reverses each round; medians quoted:
+sample, by ``webdataset.TarWriter``; and the same JPEGs as Parquet files in the Hugging
+Face Hub layout (``data/train-NNNNN-of-NNNNN.parquet``, written by ``datasets``: an
+``image``, a ``ClassLabel`` label, the same ``caption`` and a ``score`` column).
+Contenders, each a child process (:mod:`scripts.bench.convert_rate`,
+:mod:`scripts.bench.read_rate`), in interleaved rounds whose order reverses each round;
+medians quoted:
 
-* conversion of those tars to ``pt`` jpeg at 224 (``--resize 256 --center-crop 224``),
-  with their fields against ``--no-fields``;
+* conversion of those tars, and of those Parquet files, to ``pt`` jpeg at 224
+  (``--resize 256 --center-crop 224``), with their fields against ``--no-fields`` (the
+  four in the same interleaved rounds);
 * ``make_loader`` reads (plain path, no workers) of the dataset with fields, without
   ``fields=`` and with ``fields=("txt",)``, against the dataset converted ``--no-fields``;
 * ``ds.metadata()`` over ``--metadata-samples`` samples (tiny JPEGs with a caption and a
@@ -17,7 +21,7 @@ whose order reverses each round; medians quoted:
     .venv/bin/python -m scripts.bench.fields --folder bench-data/folder --rounds 5 [--json F]
 
 Targets: reads without ``fields=`` >= 0.97x, with ``fields=("txt",)`` >= 0.9x, conversion
-with fields >= 0.95x; ``metadata()`` of 1 M samples under 2 s and 300 MB.
+with fields >= 0.95x (tars and Parquet alike); ``metadata()`` of 1 M samples under 2 s and 300 MB.
 """
 
 from __future__ import annotations
@@ -70,6 +74,40 @@ def write_tars(samples: list[tuple[bytes, int, tuple[int, int]]], out: Path, see
                         "json": {**meta, "score": round(rng.random(), 4)},
                     }
                 )
+    return out
+
+
+def write_parquet(
+    samples: list[tuple[bytes, int, tuple[int, int]]], out: Path, seed: int = 0
+) -> Path:
+    """``samples`` as Parquet files in the Hub layout in ``out`` (``TAR_SAMPLES`` rows a
+    file): the captions and scores :func:`write_tars` writes for the same seed."""
+    import datasets
+
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "data").mkdir(parents=True)
+    rng = random.Random(seed)
+    rows = [(caption(rng), round(rng.random(), 4)) for _ in samples]  # write_tars' draws
+    classes = [str(k) for k in range(max((label for _, label, _ in samples), default=0) + 1)]
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "label": datasets.ClassLabel(names=classes),
+            "caption": datasets.Value("string"),
+            "score": datasets.Value("float64"),
+        }
+    )
+    files = -(-len(samples) // TAR_SAMPLES)
+    for number, start in enumerate(range(0, len(samples), TAR_SAMPLES)):
+        chunk = range(start, min(start + TAR_SAMPLES, len(samples)))
+        columns = {
+            "image": [{"bytes": samples[i][0], "path": f"{i:08d}.jpg"} for i in chunk],
+            "label": [samples[i][1] for i in chunk],
+            "caption": [rows[i][0] for i in chunk],
+            "score": [rows[i][1] for i in chunk],
+        }
+        path = out / "data" / f"train-{number:05d}-of-{files:05d}.parquet"
+        datasets.Dataset.from_dict(columns, features=features).to_parquet(str(path))
     return out
 
 
@@ -131,7 +169,9 @@ def main() -> None:
     info = machine_info()
     print_machine(info)
     work = args.work.resolve()
-    tars = write_tars(folder_samples(args.folder), work / "fields-tars")
+    samples = folder_samples(args.folder)
+    tars = write_tars(samples, work / "fields-tars")
+    parquet = write_parquet(samples, work / "fields-parquet")
     geometry = {"encoding": "jpeg", "resize": RESIZE, "center_crop": CROP}
     with_fields = str(convert(tars, work / "fields-pt", **geometry))
     without = str(convert(tars, work / "fields-none-pt", fields=(), **geometry))
@@ -141,6 +181,11 @@ def main() -> None:
         {
             "convert, fields": ("convert_rate", ["--folder", str(tars), *crop]),
             "convert, --no-fields": ("convert_rate", ["--folder", str(tars), *crop, "--no-fields"]),
+            "convert parquet, fields": ("convert_rate", ["--folder", str(parquet), *crop]),
+            "convert parquet, --no-fields": (
+                "convert_rate",
+                ["--folder", str(parquet), *crop, "--no-fields"],
+            ),
         },
         args.rounds,
     )
@@ -156,17 +201,19 @@ def main() -> None:
     rates = {**conversion, **reads}
     median = {name: statistics.median(values) for name, values in rates.items()}
     for name, values in rates.items():
-        print(f"{name:24} {median[name]:8,.0f} /s   {' / '.join(f'{v:,.0f}' for v in values)}")
+        print(f"{name:30} {median[name]:8,.0f} /s   {' / '.join(f'{v:,.0f}' for v in values)}")
     ratios = {
         "conversion with fields / --no-fields": median["convert, fields"]
         / median["convert, --no-fields"],
+        "parquet conversion with fields / --no-fields": median["convert parquet, fields"]
+        / median["convert parquet, --no-fields"],
         "read without fields= / no fields stored": median["read, fields stored"]
         / median["read, no fields stored"],
         "read fields=txt / no fields stored": median["read, fields=txt"]
         / median["read, no fields stored"],
     }
     for name, ratio in ratios.items():
-        print(f"{name:42} {ratio:.3f}")
+        print(f"{name:46} {ratio:.3f}")
 
     dataset = str(metadata_dataset(work, args.metadata_samples))
     metadata = [run_child(ROOT, "metadata_rate", [dataset]) for _ in range(3)]
