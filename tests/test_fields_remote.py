@@ -46,3 +46,24 @@ def test_a_remote_tars_field_values_come_in_merged_range_requests(
     assert sorted(captions) == sorted(CAPTIONS)
     scores = sorted(meta["score"] for batch in batches for meta in batch[3])
     assert scores == [0.25 + n for n in range(len(PHOTOS))]
+
+
+def test_metadata_of_a_remote_tar_dataset_reads_ranges_and_copies_no_shard(
+    s3_server: S3Server,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+):
+    url = f"s3://{BUCKET}/fields-metadata/wds"
+    src = img2dataset_shards(tmp_path / "src")
+    convert(src, url, "wds", on_error="fail", encoding="jpeg", resize=32, shard_size=4)
+    local = tmp_path / "local"
+    convert(src, local, "wds", on_error="fail", encoding="jpeg", resize=32, shard_size=4)
+    cache = tmp_path / "cache"
+    ds = readers.open_dataset(url, cache_dir=cache)
+    prefix = f"/{url.removeprefix('s3://')}/"
+    before = tar_gets(s3_server, prefix)
+    table = ds.metadata()
+    got = tar_gets(s3_server, prefix) - before
+    assert got == 2 * 2  # per shard, one round of merged requests per text/json field
+    assert not [p for p in cache.rglob("*") if p.is_file() and p.name.endswith(".tar")]
+    assert table.equals(readers.open_dataset(local).metadata())
+    assert sorted(table["txt"].to_pylist()) == sorted(CAPTIONS)

@@ -22,6 +22,7 @@ from readers.formats.reader import ShardReader
 from readers.formats.wds import RangedWdsShard, WdsShard
 from readers.manifest import Manifest
 from readers.spec import Layout
+from readers.storage.remote import RemoteFolder
 
 __all__ = [
     "FORMAT_READERS",
@@ -41,13 +42,16 @@ class FormatReader:
 
     shard: Callable[[str, Layout], ShardReader]  # ``shard(path, layout)`` from a local file
     streams: bool = False  # its shards also read as a stream, in order (``stream=True``)
+    # ``ranged(remote, name, size, layout)``: a shard in object storage read by byte
+    # ranges, never copied whole (None: a remote shard is copied into the cache)
+    ranged: Callable[[RemoteFolder, str, int, Layout], ShardReader] | None = None
 
 
 FORMAT_READERS: dict[str, FormatReader] = {
     "pt": FormatReader(PtShard),
     "hdf5": FormatReader(Hdf5Shard),
     "lmdb": FormatReader(LmdbShard),
-    "wds": FormatReader(WdsShard, streams=True),
+    "wds": FormatReader(WdsShard, streams=True, ranged=RangedWdsShard),
 }
 
 SHARD_READERS: dict[str, Callable[[str, Layout], ShardReader]] = {
