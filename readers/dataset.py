@@ -210,7 +210,7 @@ class ImageDataset(BatchReads, ImageFolderAttributes, Dataset):
                 rows = torch.empty((1, height, width, 3), dtype=torch.uint8)
             else:
                 rows = torch.empty((1, 3, height, width), dtype=torch.uint8).permute(0, 2, 3, 1)
-            self._crop_into(self.crop, [(shard, local)], [value], rows)
+            self._start_crops(self.crop, [(shard, local)], [value], rows).finish()
             image = rows[0].permute(2, 0, 1)
         return self.transform(image) if self.transform is not None else image
 

@@ -2,7 +2,7 @@
 a batch's indices): one tensor, by the cheapest path its samples allow.
 
 * ``crop=``: every crop decoded straight into its row of the batch
-  (:func:`readers.images.fused.crop_parts`).
+  (:func:`readers.images.fused.start_crops`).
 * Raw pixels of one fixed shape: gathered into the batch, no decode.
 * JPEGs of one size without ``crop=``: decoded whole by the kernel
   (:mod:`readers.images.whole`), the plain read path.
@@ -29,7 +29,7 @@ from readers.batches_ahead import BatchesAhead, Begun
 from readers.dataset_reads import StoredReads
 from readers.epochs.placement import default_decode_threads
 from readers.images.crop import Crop
-from readers.images.fused import crop_parts
+from readers.images.fused import CropsUnderWay, start_crops
 from readers.images.pool import DecodePool
 from readers.images.whole import WholeBatch, start_batch
 from readers.spec import StorageKind
@@ -68,15 +68,16 @@ class BatchReads(StoredReads):
 
     def read_ahead(self, indices: Sequence[int]) -> None:
         """Begin the batch ``indices`` now, to serve it when :meth:`__getitems__` asks for
-        it: read and planned on this thread, JPEGs decoded whole on the decode threads while
-        this thread goes on (:mod:`readers.batches_ahead`; :class:`readers.Loader` announces
-        its batches so in the training process)."""
+        it: read and planned on this thread, its JPEGs decoded (whole, or cropped by
+        ``crop=``) on the decode threads while this thread goes on
+        (:mod:`readers.batches_ahead`; :class:`readers.Loader` announces its batches so in
+        the training process)."""
         self._ahead.begin(indices, partial(self._begin, ahead=True))
 
     def _begin(self, indices: Sequence[int], ahead: bool = False) -> Begun:
         """The batch ``indices`` begun: its labels, fields and stored values read, and with
-        ``ahead`` its whole-JPEG decode started on the decode threads alone; the rest of
-        the work is done by ``finish()``."""
+        ``ahead`` the kernel's decode (whole or cropped) started on the decode threads
+        alone; the rest of the work is done by ``finish()``."""
         located = [self.locate(i) for i in indices]
         labels = torch.tensor([int(self.shard(s).labels[k]) for s, k in located])
         fields = self._fields_of(located)
@@ -84,8 +85,16 @@ class BatchReads(StoredReads):
         if not located:
             return Begun(partial(batch, []))
         if self.crop is not None and self.transform is None:
-            crop = self.crop
-            return Begun(lambda: batch(self._cropped(crop, located)))
+            shape = (len(located), 3, *self.crop.size)
+            images = new_batch(shape, torch.uint8, channels_last=self.crop.channels_last)
+            rows = images.permute(0, 2, 3, 1)
+            crops = self._start_crops(self.crop, located, None, rows, ahead)
+
+            def cropped() -> SampleBatch:
+                crops.finish()
+                return batch(images)
+
+            return Begun(cropped, crops.settle)
         layout = self.manifest.layout
         if layout.kind is StorageKind.FIXED_PIXELS and layout.shape and self.transform is None:
             return Begun(lambda: batch(self._gathered(layout.shape, located)))
@@ -108,14 +117,6 @@ class BatchReads(StoredReads):
 
         return Begun(finish) if whole is None else Begun(finish, whole.settle)
 
-    def _cropped(self, crop: Crop, located: list[tuple[int, int]]) -> torch.Tensor:
-        """The batch of ``located`` cropped by ``crop``, in a batch buffer."""
-        images = new_batch(
-            (len(located), 3, *crop.size), torch.uint8, channels_last=crop.channels_last
-        )
-        self._crop_into(crop, located, None, images.permute(0, 2, 3, 1))
-        return images
-
     def _gathered(self, shape: tuple[int, ...], located: list[tuple[int, int]]) -> torch.Tensor:
         """The raw pixels of ``located`` (all of ``shape``, HWC), in a batch buffer."""
         height, width, channels = shape
@@ -130,20 +131,22 @@ class BatchReads(StoredReads):
             self.shard(shard).read_pixels(np.array([k]), rows[row : row + 1])
         return images
 
-    def _crop_into(
+    def _start_crops(
         self,
         crop: Crop,
         located: list[tuple[int, int]],
         values: list[Any] | None,
         rows: torch.Tensor,
-    ) -> None:
-        """Decode, crop and resize each sample into its HWC row of ``rows``, from its stored
-        value (read here as :meth:`read_stored` reads, unless ``values`` are given): see
-        :func:`readers.images.fused.crop_parts`. Every shard is opened here first."""
+        ahead: bool = False,
+    ) -> CropsUnderWay:
+        """Begin decoding, cropping and resizing each sample into its HWC row of ``rows``,
+        from its stored value (read here as :meth:`read_stored` reads, unless ``values``
+        are given): :func:`readers.images.fused.start_crops`, ``ahead`` as there. Every
+        shard is opened here first."""
         verified = all(self.shard(s).verified for s in {s for s, _ in located})
         if values is None:
             values = self._read_located(located)
-        crop_parts(
+        return start_crops(
             values,
             np.array([(self._ends[s - 1] if s else 0) + k for s, k in located]),
             crop,
@@ -152,6 +155,7 @@ class BatchReads(StoredReads):
             verified,
             self._pool,
             self.decode_threads or default_decode_threads(),
+            ahead,
         )
 
     def _start_whole(

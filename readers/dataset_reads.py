@@ -148,7 +148,7 @@ class StoredReads:
 
     def stored_batch(self, indices: Sequence[int]) -> StoredBatch:
         """Samples ``indices`` before decoding, with what decoding them needs: the batches
-        of several datasets join into one :func:`readers.images.fused.crop_parts` call (a
+        of several datasets join into one :func:`readers.images.fused.start_crops` call (a
         mixture's, :class:`readers.mixture_dataset.MixtureDataset`)."""
         located = [self.locate(i) for i in indices]
         return StoredBatch(

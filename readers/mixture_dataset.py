@@ -32,7 +32,7 @@ from readers.epochs.sampler import EpochSampler
 from readers.epochs.state import EpochState
 from readers.fields import FieldSpec
 from readers.images.crop import Crop
-from readers.images.fused import crop_parts
+from readers.images.fused import start_crops
 from readers.images.pool import DecodePool
 from readers.mixture_sources import open_mixture
 
@@ -129,7 +129,7 @@ class MixtureDataset(Dataset):
             part = bisect_right(starts, row) - 1
             return stored[part].where(row - starts[part])
 
-        crop_parts(
+        start_crops(
             [value for s in stored for value in s.values],
             indices,
             crop,
@@ -138,7 +138,7 @@ class MixtureDataset(Dataset):
             all(s.verified for s in stored),
             self._pool,
             first.decode_threads or default_decode_threads(),
-        )
+        ).finish()
         return images
 
     def set_epoch(self, epoch: int) -> None:

@@ -28,9 +28,12 @@ def stored_at_size(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dst
 
 
-def at_their_turn(root: Path, order: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def at_their_turn(
+    root: Path, order: list[int], crop: readers.Crop | None = None, epoch: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each batch of ``order`` read by ``__getitems__`` when it is wanted, nothing ahead."""
-    ds = readers.open_dataset(root)
+    ds = readers.open_dataset(root, crop=crop)
+    ds.set_epoch(epoch)
     batches = []
     for start in range(0, len(order), BATCH):
         batch = ds.__getitems__(order[start : start + BATCH])
@@ -46,12 +49,21 @@ def sampler_order(loader: readers.Loader) -> list[int]:
     return list(sampler)
 
 
+CROPS = {
+    "plain": lambda: None,
+    "centre crop": lambda: readers.CenterCrop(24),
+    "random crop": lambda: readers.RandomResizedCrop(24, flip=True),
+}
+
+
+@pytest.mark.parametrize("crop", CROPS)
 def test_an_in_process_loader_serves_what_each_batch_read_at_its_turn_does(
-    stored_at_size: Path,
+    stored_at_size: Path, crop: str
 ) -> None:
-    loader = readers.make_loader(stored_at_size, BATCH, seed=3, num_workers=0)
+    loader = readers.make_loader(stored_at_size, BATCH, seed=3, num_workers=0, crop=CROPS[crop]())
     for epoch in range(2):
-        expected = at_their_turn(stored_at_size, sampler_order(loader))
+        order = sampler_order(loader)
+        expected = at_their_turn(stored_at_size, order, CROPS[crop](), epoch)
         got = [(images.clone(), labels.clone()) for images, labels in loader]
         assert len(got) == len(expected) == len(loader)
         for (images, labels), (want_images, want_labels) in zip(got, expected, strict=True):
@@ -59,8 +71,9 @@ def test_an_in_process_loader_serves_what_each_batch_read_at_its_turn_does(
         assert loader.epoch == epoch + 1
 
 
-def test_the_next_batch_is_begun_while_one_is_served(stored_at_size: Path) -> None:
-    loader = readers.make_loader(stored_at_size, BATCH, num_workers=0)
+@pytest.mark.parametrize("crop", CROPS)
+def test_the_next_batch_is_begun_while_one_is_served(stored_at_size: Path, crop: str) -> None:
+    loader = readers.make_loader(stored_at_size, BATCH, num_workers=0, crop=CROPS[crop]())
     batches = iter(loader)
     next(batches)
     assert len(loader.dataset._ahead) == 1  # the second batch, begun with the first

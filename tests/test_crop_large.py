@@ -29,7 +29,7 @@ import readers
 from convert import ConvertOptions, convert_folder
 from readers.images import kernel
 from readers.images.crop import Crop
-from readers.images.fused import crop_parts, crop_python, plan_crops
+from readers.images.fused import crop_python, plan_crops, start_crops
 from readers.images.jpeg import crop_dct_divisors, jpeg_size
 from tests.photos import encode
 
@@ -154,7 +154,7 @@ def test_kernel_and_python_path_crop_large_jpegs_alike(large, name):
     indices = np.arange(len(values))
     by_kernel = np.zeros((len(values), *crop.size, 3), dtype=np.uint8)
     by_python = np.zeros_like(by_kernel)
-    crop_parts(values, indices, crop, by_kernel, str)
+    start_crops(values, indices, crop, by_kernel, str).finish()
     plan = plan_crops(values, indices, crop, str)
     assert plan.fast.all() and (plan.divisors > 1).any()
     crop_python(plan, indices, values, indices, crop, by_python, str)

@@ -30,7 +30,7 @@ import readers
 from convert import ConvertOptions, convert_folder
 from readers.images import kernel
 from readers.images.decode import decode_image
-from readers.images.fused import crop_parts
+from readers.images.fused import start_crops
 from readers.images.jpeg import crop_dct_divisors, jpeg_header
 from tests.photos import encode, photo_crop
 
@@ -317,7 +317,7 @@ def test_crop_scales_each_row_by_the_divisor_it_is_given() -> None:
 
 
 @needs_kernel
-def test_crop_parts_sends_only_upright_complete_jpegs_to_the_kernel() -> None:
+def test_start_crops_sends_only_upright_complete_jpegs_to_the_kernel() -> None:
     """EXIF-rotated, CMYK, PNG and pixel samples take the Python path (the kernel only
     decodes upright JPEGs); the batch equals the recipe for all of them."""
     photo = photo_crop(120, 150, seed=2)
@@ -336,7 +336,7 @@ def test_crop_parts_sends_only_upright_complete_jpegs_to_the_kernel() -> None:
     crop = readers.RandomResizedCrop((64, 80), flip=True, seed=9)
     rows = np.zeros((len(values), 64, 80, 3), dtype=np.uint8)
     indices = np.arange(len(values))
-    crop_parts(values, indices, crop, rows, str)
+    start_crops(values, indices, crop, rows, str).finish()
     for row, value in enumerate(values):
         pixels = value if isinstance(value, np.ndarray) else decode_image(value)
         box = crop.boxes(np.array([pixels.shape[:2]]), indices[row : row + 1])[0]
@@ -360,7 +360,7 @@ import hashlib, json, os, random, sys
 import numpy as np
 import readers
 from readers.images import kernel
-from readers.images.fused import crop_parts
+from readers.images.fused import start_crops
 from readers.images.jpeg import crop_dct_divisors, jpeg_header
 from readers.spec import DatasetError
 from tests.test_kernel import ENCODINGS, jpeg
@@ -446,8 +446,8 @@ def crop_for(data, index):
 def outcome(data, index, verified=False):
     rows = np.zeros((1, *SIZE, 3), dtype=np.uint8)
     try:
-        crop_parts([data], np.array([index]), crop_for(data, index), rows, lambda row: "sample",
-                   verified)
+        start_crops([data], np.array([index]), crop_for(data, index), rows, lambda row: "sample",
+                   verified).finish()
     except DatasetError as e:
         return "error", str(e)
     return "pixels", hashlib.sha1(rows.tobytes()).hexdigest()
@@ -621,7 +621,7 @@ def test_batches_do_not_depend_on_decode_threads(jpeg_dataset: Path, crop) -> No
 
 @needs_kernel
 def test_threads_sharing_a_batch_decode_each_row_once_as_one_call_does(jpeg_dataset: Path) -> None:
-    # crop_parts' decode threads take the batch's rows one at a time from a shared counter
+    # start_crops' decode threads take the batch's rows one at a time from a shared counter
     ds = readers.open_dataset(jpeg_dataset)
     values = [bytes(v) for v in ds.read_stored(range(len(ds)))]
     values[3] = values[3][: len(values[3]) // 2] + b"\xff\xd9"  # truncated: libjpeg warns
@@ -670,12 +670,12 @@ CROP_TWICE = """
     {setup}
     import numpy as np
     import readers
-    from readers.images.fused import crop_parts
+    from readers.images.fused import start_crops
     data = open("sample_data/scenes/china_00.jpg", "rb").read()
     rows = np.zeros((2, 224, 224, 3), dtype=np.uint8)
     crop = readers.RandomResizedCrop(224, flip=True, seed=1)  # a 427x640 photo: never DCT-scaled
     for _ in range(2):
-        crop_parts([data, data], np.arange(2), crop, rows, str)
+        start_crops([data, data], np.arange(2), crop, rows, str).finish()
     print(readers.decoder_name(), readers.decoder_name(crop=True), rows.tobytes().hex())
 """
 

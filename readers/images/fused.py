@@ -24,6 +24,7 @@ same judge of damaged files as every other path) and cropped from its pixels.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
 from functools import partial
 from types import ModuleType
 from typing import Any, NamedTuple
@@ -50,8 +51,8 @@ from readers.spec import DatasetError
 
 __all__ = [
     "CropPlan",
+    "CropsUnderWay",
     "Probe",
-    "crop_parts",
     "crop_python",
     "fill_decoded",
     "fill_row",
@@ -60,6 +61,7 @@ __all__ = [
     "plan_crops",
     "probe",
     "resize",
+    "start_crops",
 ]
 
 
@@ -243,7 +245,36 @@ def crop_python(
         _named(where, row, fill)
 
 
-def crop_parts(
+class CropsUnderWay:
+    """A batch's crops begun (:func:`start_crops`): the kernel's share on the decode
+    threads; :meth:`finish` waits for it and does the rows left to the Python path."""
+
+    def __init__(
+        self,
+        plan: CropPlan,
+        status: np.ndarray,
+        started: list[Future[None]],
+        finish_python: Callable[[np.ndarray], None],
+    ) -> None:
+        self._plan, self._status, self._started = plan, status, started
+        self._finish_python = finish_python
+
+    def settle(self) -> None:
+        """Wait for the decode threads, for a batch no one will ask for."""
+        wait(self._started)
+
+    def finish(self) -> None:
+        """Every row filled; raises the kernel calls' first error, else the Python path's
+        (naming the sample)."""
+        wait(self._started)
+        for future in self._started:
+            future.result()
+        todo = np.flatnonzero(~self._plan.fast | (self._status != 0))
+        if len(todo):
+            self._finish_python(todo)
+
+
+def start_crops(
     values: Sequence[bytes | memoryview | np.ndarray],
     indices: np.ndarray,
     crop: Crop,
@@ -252,28 +283,31 @@ def crop_parts(
     verified: bool = False,
     pool: DecodePool | None = None,
     threads: int = 1,
-) -> None:
-    """Fill ``rows`` (uint8 ``[n, H, W, 3]``) with the crops of the stored ``values`` of
-    samples ``indices`` (``where(row)`` names one in errors): the batch planned on the
-    calling thread (:func:`plan_crops`), then one kernel call per decode thread of ``pool``
-    (none: the calling thread alone), the threads taking the JPEGs one at a time from a
-    shared counter (:func:`readers.images.kernel.crop_shared`: none idles while another has
-    boxes left, whatever each costs), then the rows left to the Python path
-    (:func:`crop_python`) cut into one contiguous part per thread. ``verified``: the values
-    passed their CRC-32 (:attr:`readers.formats.reader.ShardReader.verified`), so the
-    kernel may stop decoding after each box. Measured against each thread planning and
-    decoding its own half of the batch: docs/BENCHMARKS.md.
+    ahead: bool = False,
+) -> CropsUnderWay:
+    """Begin filling ``rows`` (uint8 ``[n, H, W, 3]``) with the crops of the stored
+    ``values`` of samples ``indices`` (``where(row)`` names one in errors): the batch planned
+    on the calling thread (:func:`plan_crops`), then one kernel call per decode thread of
+    ``pool`` (none: the calling thread alone), the threads taking the JPEGs one at a time
+    from a shared counter (:func:`readers.images.kernel.crop_shared`: none idles while
+    another has boxes left, whatever each costs); :meth:`CropsUnderWay.finish` then does the
+    rows left to the Python path (:func:`crop_python`), one contiguous part per thread.
+    ``ahead``: the kernel's calls run on the pool's threads alone while the caller goes on
+    (a batch read ahead of its turn); else the caller decodes beside them and they are done
+    on return. ``verified``: the values passed their CRC-32
+    (:attr:`readers.formats.reader.ShardReader.verified`), so the kernel may stop decoding
+    after each box. Measured against each thread planning and decoding its own half of the
+    batch: docs/BENCHMARKS.md.
 
     Raises:
-        DatasetError: naming the first sample (``where(row)``) over the pixel limit, else
-        the first that cannot be decoded.
+        DatasetError: naming the first sample (``where(row)``) over the pixel limit (and
+        from ``finish()``, the first that cannot be decoded).
     """
     plan = plan_crops(values, indices, crop, where)
-    run = pool.map if pool is not None and threads > 1 else lambda fn, xs, _: [fn(x) for x in xs]
     taken = np.flatnonzero(plan.fast)
     status = np.zeros(len(values), dtype=np.int32)
+    started: list[Future[None]] = []
     if plan.kernel is not None and len(taken):
-        next_row = np.zeros(1, dtype=np.int64)
         share = partial(
             crop_shared,
             plan.kernel,
@@ -283,16 +317,22 @@ def crop_parts(
             plan.sizes,
             rows,
             status,
-            next_row,
+            np.zeros(1, dtype=np.int64),
             plan.divisors,
+            verified,
         )
         if pool is None:
-            share(verified=verified)
+            share()
+        elif ahead:
+            started = pool.start(share, len(taken), threads)
         else:
-            pool.share(partial(share, verified=verified), len(taken), threads)
-    todo = np.flatnonzero(~plan.fast | (status != 0))
-    if len(todo):
+            pool.share(share, len(taken), threads)
+    run = pool.map if pool is not None and threads > 1 else lambda fn, xs, _: [fn(x) for x in xs]
+
+    def finish_python(todo: np.ndarray) -> None:
         parts = [todo[part] for part in batch_parts(len(todo), threads)]
         run(
             lambda part: crop_python(plan, part, values, indices, crop, rows, where), parts, threads
         )
+
+    return CropsUnderWay(plan, status, started, finish_python)

@@ -11,7 +11,7 @@ cost of a call that decodes nothing is taken off):
 - IDCT, upsampling and colour of the box, and its store: the box copied out, less the above;
 - resize and flip: the box resized to 224, less the copy;
 - the rest of the file (entropy only): what a sample not ``verified`` by its CRC-32 adds;
-- Python around the kernel: ``fused.crop_parts`` on batches of 64, less the kernel's calls.
+- Python around the kernel: ``fused.start_crops`` on batches of 64, less the kernel's calls.
 
 JPEGs with restart markers (the converter's default) decode only the intervals around the
 box, so a thin box no longer measures the entropy decode of the box's: there the entropy
@@ -21,7 +21,7 @@ writes it) exists: the Python path and the split stages on it, the kernel on bot
 
 The Python path's: the marker probe, libjpeg-turbo's full decode through ctypes, and the
 crop, resize and flip on the decoded pixels (torch's antialiased bilinear), each timed on
-its own, and ``fused.crop_parts`` with the kernel off.
+its own, and ``fused.start_crops(...).finish()`` with the kernel off.
 
     .venv/bin/python -m scripts.bench.crop_profile [--dataset bench-data/work/read/pt-jpeg]
         [--unmarked bench-data/work/read/lmdb-jpeg-unmarked] [--repeats 5] [--json F]
@@ -146,14 +146,14 @@ def python_stages(values: list[bytes], boxes: np.ndarray, sizes: np.ndarray, rep
 
 
 def crop_parts_us(values: list[bytes], crop: readers.Crop, repeats: int) -> float:
-    """µs per sample of ``fused.crop_parts`` on batches of ``BATCH``, on this thread."""
+    """µs per sample of ``fused.start_crops`` on batches of ``BATCH``, on this thread."""
     rows = np.empty((BATCH, CROP, CROP, 3), dtype=np.uint8)
     starts = range(0, len(values) - BATCH + 1, BATCH)
 
     def run() -> None:
         for s in starts:
             batch = values[s : s + BATCH]
-            fused.crop_parts(batch, np.arange(s, s + BATCH), crop, rows, str, verified=True)
+            fused.start_crops(batch, np.arange(s, s + BATCH), crop, rows, str, True).finish()
 
     return per_sample_us(run, len(starts) * BATCH, repeats)
 
