@@ -22,10 +22,10 @@ from readers.batch import SampleBatch, collate
 from readers.dataset import ImageDataset, open_dataset
 from readers.epochs.buckets import AspectBuckets, BucketPlan
 from readers.epochs.loading import Loader, with_read_options
-from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler, selected_indices
 from readers.epochs.state import EpochState, subset_digest
 from readers.images.crop import Crop, uniforms
+from readers.placement import Placement
 
 __all__ = ["BucketCrop", "BucketDataset", "BucketLoader", "BucketSampler", "make_bucket_loader"]
 

@@ -24,7 +24,6 @@ from torch.utils.data import Dataset
 
 from readers.batch import SampleBatch, new_batch, stack_images
 from readers.dataset_reads import StoredReads, chosen_fields
-from readers.epochs.placement import default_decode_threads
 from readers.formats import ShardOpener, ShardReader, open_local_shard
 from readers.imagefolder import ImageFolderAttributes
 from readers.images.crop import Crop
@@ -34,6 +33,7 @@ from readers.images.pool import DecodePool
 from readers.images.whole import decode_batch
 from readers.index import as_index
 from readers.manifest import Manifest, load_manifest
+from readers.placement import default_decode_threads
 from readers.spec import DatasetError, StorageKind
 from readers.storage.location import Location
 

@@ -27,13 +27,13 @@ from readers.dataset import ImageDataset, open_dataset
 from readers.dataset_reads import StoredBatch
 from readers.epochs.loading import Loader, with_read_options
 from readers.epochs.mixture import Mixture, MixtureOrder, MixtureSource, WeightsArg, make_schedule
-from readers.epochs.placement import Placement, default_decode_threads
 from readers.epochs.sampler import EpochSampler
 from readers.epochs.state import EpochState
 from readers.fields import FieldSpec
 from readers.images.crop import Crop
 from readers.images.fused import crop_parts
 from readers.images.pool import DecodePool
+from readers.placement import Placement, default_decode_threads
 from readers.spec import StorageKind
 
 __all__ = [

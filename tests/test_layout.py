@@ -5,8 +5,10 @@
 - The C units' ``#include "..."`` graph has no circle (scratch and taps on the ground floor).
 - ``readers/formats/`` knows shards, not datasets: nothing there imports ``torch.utils.data``.
 - Where this process stands (rank, world size, DataLoader worker) is looked up in one module,
-  ``readers/epochs/placement.py``; everything else receives a ``Placement`` or asks it.
+  ``readers/placement.py``; everything else receives a ``Placement`` or asks it.
 - The usable CPUs are counted in one module, ``readers/cpus.py``.
+- ``readers/epochs/`` builds on the modules directly in ``readers/``; those it imports import
+  nothing from ``readers/epochs/`` (a fact about the process, like its placement, lives below).
 
 The files are parsed, never imported.
 """
@@ -21,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 400
-PLACEMENT = Path("readers/epochs/placement.py")
+PLACEMENT = Path("readers/placement.py")
 CPUS = Path("readers/cpus.py")  # the one count of usable CPUs
 # What tells a process where it stands: torch.distributed's placement calls, the launcher's
 # variables, the DataLoader's worker info.
@@ -123,6 +125,43 @@ def test_shard_readers_import_nothing_from_torch_utils_data(path: Path) -> None:
     assert not taken, f"{path} imports {taken}: datasets belong in readers/dataset.py"
 
 
+def module_name(path: Path) -> str:
+    return ".".join(path.with_suffix("").parts).removesuffix(".__init__")
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """What ``path`` imports at module level (not the lazy imports inside its functions)."""
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    return imported_modules(
+        ast.Module([n for n in tree.body if not isinstance(n, ast.FunctionDef)], [])
+    )
+
+
+def test_the_floor_under_readers_epochs_imports_nothing_from_it() -> None:
+    """The modules directly in ``readers/`` that ``readers/epochs/`` imports at module level are
+    its floor; ``make_loader``'s lazy hand-over to the mixture and bucket loaders (which build
+    on ``readers/epochs/``) is not."""
+    epochs = modules("readers/epochs")
+    floor = {
+        path
+        for path in modules("readers")
+        if path.parent == Path("readers") and path.name != "__init__.py"
+    }
+    used = {
+        path
+        for module in epochs
+        for path in floor
+        if module_name(path) in top_level_imports(module)
+    }
+    upward = {
+        f"{path} imports {name}"
+        for path in used
+        for name in imported_modules(ast.parse((ROOT / path).read_text(encoding="utf-8")))
+        if name.startswith("readers.epochs")
+    }
+    assert used and not upward, f"arrows up into readers/epochs/: {sorted(upward)}"
+
+
 def placement_lookups(tree: ast.AST) -> list[tuple[int, str]]:
     """Lines of ``tree`` that look up the process's placement."""
     found = []
@@ -143,7 +182,7 @@ def test_placement_is_looked_up_in_one_module_only() -> None:
         if path != PLACEMENT
         for line, name in placement_lookups(ast.parse((ROOT / path).read_text(encoding="utf-8")))
     ]
-    assert not elsewhere, "placement looked up outside readers/epochs/placement.py:\n" + "\n".join(
+    assert not elsewhere, "placement looked up outside readers/placement.py:\n" + "\n".join(
         elsewhere
     )
     assert placement_lookups(ast.parse((ROOT / PLACEMENT).read_text(encoding="utf-8")))

@@ -21,10 +21,10 @@ from torch.utils.data import DataLoader, Subset, random_split
 
 import readers
 from readers.epochs.order import BlockOrder
-from readers.epochs.placement import Placement
 from readers.epochs.ranges import positions, total
 from readers.epochs.split import Split
 from readers.epochs.state import EpochState
+from readers.placement import Placement
 from tests.dist_rank import digest
 from tests.test_reader_faults import copy_dataset, flip_middle_byte_of_sample
 

@@ -21,12 +21,12 @@ from readers.dataset import ImageDataset, Transform, open_dataset
 from readers.epochs.buckets import AspectBuckets
 from readers.epochs.loading import Loader, with_read_options
 from readers.epochs.mixture import WeightsArg
-from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler, selected_indices
 from readers.epochs.stream import WdsStream
 from readers.formats import STREAM_FORMATS
 from readers.images.crop import Crop
 from readers.manifest import load_manifest
+from readers.placement import Placement
 from readers.storage.location import Location
 
 __all__ = ["Loader", "make_loader", "with_read_options"]  # Loader, with_read_options: loading.py

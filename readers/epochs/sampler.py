@@ -17,9 +17,9 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from readers.epochs.order import MAP_ORDERS, MapOrder
-from readers.epochs.placement import Placement
 from readers.epochs.ranges import wrapped
 from readers.epochs.state import EpochSource, EpochState, require_full_batches, subset_digest
+from readers.placement import Placement
 
 __all__ = ["EpochSampler", "selected_indices"]
 
@@ -38,7 +38,7 @@ class EpochSampler(EpochSource, Sampler[int]):
         batch_size: the DataLoader's, so that ``drop_last`` drops only a short last batch.
         rank, world_size: explicit placement; by default taken from ``torch.distributed``
             or ``RANK``/``WORLD_SIZE`` when the sampler is built and at :meth:`set_epoch`.
-        placement: the same as a :class:`readers.epochs.placement.Placement` resolved
+        placement: the same as a :class:`readers.placement.Placement` resolved
             once (what :func:`readers.make_loader` passes).
         indices: read only these dataset indices (a subset: the epochs, shares and resume
             are over them, and the sampler yields dataset indices); default all.

@@ -26,13 +26,13 @@ from torch.utils.data import IterableDataset
 
 from readers.dataset import Transform, WdsDataset
 from readers.epochs.order import BlockOrder
-from readers.epochs.placement import Placement, current_worker, visible_world_size
 from readers.epochs.ranges import take, total, wrapped
 from readers.epochs.state import EpochSource, EpochState, require_full_batches
 from readers.fields import FieldSpec
 from readers.formats import RangedWdsShard, ShardReader, open_local_shard
 from readers.images.crop import Crop
 from readers.manifest import Manifest
+from readers.placement import Placement, current_worker, visible_world_size
 
 __all__ = ["WdsStream"]
 
@@ -69,7 +69,7 @@ class WdsStream(EpochSource, IterableDataset):
         rank, world_size: explicit placement; by default from ``torch.distributed`` or
             ``RANK``/``WORLD_SIZE``, read in the training process at construction,
             :meth:`set_epoch`, :meth:`load_state_dict` and each in-process ``__iter__``.
-        placement: the same as a :class:`readers.epochs.placement.Placement` resolved
+        placement: the same as a :class:`readers.placement.Placement` resolved
             once (what :func:`readers.make_loader` passes).
         decode: False yields encoded samples undecoded (see :class:`readers.ImageDataset`).
         crop: a crop done inside the decode (see :class:`readers.ImageDataset`); random
