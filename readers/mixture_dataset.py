@@ -191,7 +191,7 @@ class MixtureSampler(EpochSampler):
         self.mixture = mixture
         self.reweight = reweight
         self._offsets = dataset.offsets
-        self._dataset_set_epoch = dataset.set_epoch
+        self.tell_epoch = dataset.set_epoch
 
     def _epoch_order(self, state: EpochState) -> _GlobalOrder:
         return _GlobalOrder(self.mixture.order(state.epoch), self._offsets)

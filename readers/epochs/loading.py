@@ -123,13 +123,11 @@ class Loader:
         self._generation += 1
 
     def _start_source(self, state: EpochState) -> None:
-        """Hand ``state`` to the sampler or stream before the DataLoader iterates."""
-        if state.fresh:
-            self.source.set_epoch(state.epoch)
-        if self.source.epoch_state != state:
-            self.source.resume(state)
-            if isinstance(self.source, WdsStream) and self.dataloader.persistent_workers:
-                self.dataloader = self._make_dataloader()  # running workers hold a copy
+        """Hand ``state`` to the sampler or stream before the DataLoader iterates: the one
+        path by which the epoch reaches the order, the stream's workers and, through the
+        source's iteration, the dataset's random crops."""
+        if self.source.reset(state) and self.dataloader.persistent_workers:
+            self.dataloader = self._make_dataloader()  # running workers hold a stale copy
 
 
 def with_read_options(

@@ -10,7 +10,7 @@ dataset (a state saved before it keeps the whole permutation it was saved with).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -80,24 +80,21 @@ class EpochSampler(EpochSource, Sampler[int]):
         self._state = self.start_state(0)
         self._yielded = 0  # by the current iterator, on this rank
         self._order: MapOrder | None = None  # of the last epoch iterated (a permutation's cache)
-        # a dataset's set_epoch (its random crops), told each epoch it is handed out
-        self._dataset_set_epoch = getattr(data, "set_epoch", None)
+        # the dataset's set_epoch (its random crops): told the epoch each iteration reads
+        self.tell_epoch: Callable[[int], None] | None = getattr(data, "set_epoch", None)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` at its beginning (call on every rank before iterating); a
         state loaded for this same epoch is kept, so resumed loops need no special case."""
-        self._place()
-        if epoch != self._state.epoch:
-            self._state = self._state.start_of(epoch)
-        self._yielded = 0
+        self.reset(self._state if epoch == self._state.epoch else self._state.start_of(epoch))
 
     def __len__(self) -> int:
         return self.split().per_rank
 
     def __iter__(self) -> Iterator[int]:
         state, self._yielded = self._state, 0
-        if self._dataset_set_epoch is not None:
-            self._dataset_set_epoch(state.epoch)
+        if self.tell_epoch is not None:  # in the training process, before any index is out
+            self.tell_epoch(state.epoch)
         order = self._epoch_order(state)
         for lo, hi in wrapped(self.split(state).rank_ranges(self.rank), self.num_samples):
             for start in range(lo, hi, _CHUNK):  # a chunk at a time, never the whole share
@@ -137,12 +134,13 @@ class EpochSampler(EpochSource, Sampler[int]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (any world size): the rest of its epoch, then onwards."""
-        self.resume(self.loaded_state(state))
+        self.reset(self.loaded_state(state))
 
-    def resume(self, state: EpochState) -> None:
+    def reset(self, state: EpochState) -> bool:
         self._place()
         self._state = state
         self._yielded = 0
+        return False  # the sampler runs in the training process: no worker holds a copy
 
 
 def selected_indices(indices: Sequence[int] | np.ndarray, size: int) -> np.ndarray:
