@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from readers.batch import SampleBatch, new_batch
 from readers.batch_pool import hand_over
 from readers.dataset import ImageDataset, open_dataset
 from readers.dataset_reads import StoredBatch
-from readers.epochs.loading import Loader, with_read_options
+from readers.epochs.loading import Loader, build_loader, with_read_options
 from readers.epochs.mixture import Mixture, MixtureOrder, MixtureSource, WeightsArg, make_schedule
 from readers.epochs.sampler import EpochSampler
 from readers.epochs.state import EpochState
@@ -327,17 +327,7 @@ def make_mixture_loader(
         placement=placement,
     )
     dataloader_kwargs.setdefault("collate_fn", mixture_collate)
-
-    def make_dataloader() -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            num_workers=num_workers,
-            **dataloader_kwargs,
-        )
-
-    return MixtureLoader(sampler, make_dataloader)
+    return build_loader(MixtureLoader, sampler, dataset, batch_size, num_workers, dataloader_kwargs)
 
 
 def _require_fields(datasets: Mapping[str, ImageDataset], fields: Sequence[str] | None) -> None:

@@ -7,6 +7,7 @@
 - Where this process stands (rank, world size, DataLoader worker) is looked up in one module,
   ``readers/placement.py``; everything else receives a ``Placement`` or asks it.
 - The usable CPUs are counted in one module, ``readers/cpus.py``.
+- ``make_loader``'s body (its docstring aside) stays under 60 lines.
 - ``readers/epochs/`` builds on the modules directly in ``readers/``; those it imports import
   nothing from ``readers/epochs/`` (a fact about the process, like its placement, lives below).
 
@@ -209,3 +210,22 @@ def test_usable_cpus_are_counted_in_one_module_only() -> None:
         if isinstance(node, ast.Attribute) and node.attr in counts
     ]
     assert not elsewhere, "CPUs counted outside readers/cpus.py:\n" + "\n".join(elsewhere)
+
+
+def body_lines(path: Path, name: str) -> int:
+    """Lines of function ``name``'s body in ``path``, its docstring not counted."""
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    (function,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+    body = function.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    assert function.end_lineno is not None
+    return function.end_lineno - body[0].lineno + 1
+
+
+def test_make_loader_reads_in_one_screen() -> None:
+    """``make_loader`` hands each case to a named helper (argument checks, the stream's and
+    the map-style source, :func:`readers.epochs.loading.build_loader`): under 60 lines."""
+    lines = body_lines(Path("readers/epochs/loader.py"), "make_loader")
+    assert lines < 60, f"make_loader's body is {lines} lines: give a case a helper of its own"
+    assert body_lines(Path("tests/test_layout.py"), "body_lines") == 7  # the measure itself

@@ -298,28 +298,23 @@ def test_set_epoch_reaches_persistent_workers(roots, context):
     assert digests(again) == epochs[2]
 
 
-def test_stream_refuses_a_state_its_running_persistent_workers_cannot_see(roots):
-    stream = readers.WdsStream(roots["stream"], shuffle_buffer=8)
-    loader = DataLoader(
-        stream, batch_size=4, num_workers=1, persistent_workers=True, multiprocessing_context="fork"
-    )
-    take_batches(loader, 1)
-    other = readers.WdsStream(roots["stream"], shuffle_buffer=8)
-    next(iter(other))  # in this process: a state one sample into epoch 0
-    stream.load_state_dict(other.state_dict())
-    with pytest.raises(RuntimeError, match="persistent"):
-        digests(loader)
-
-
-def test_running_persistent_workers_follow_a_loaded_state_that_starts_an_epoch(roots):
+@pytest.mark.parametrize("fresh", [False, True], ids=["mid-epoch", "fresh"])
+def test_running_persistent_workers_follow_a_fresh_state_and_refuse_another(roots, fresh):
     stream = readers.WdsStream(roots["stream"], shuffle_buffer=8)
     loader = DataLoader(
         stream, batch_size=4, num_workers=2, persistent_workers=True, multiprocessing_context="fork"
     )
     take_batches(loader, 1)
     other = readers.WdsStream(roots["stream"], shuffle_buffer=8)
-    other.set_epoch(3)
+    if fresh:
+        other.set_epoch(3)
+    else:
+        next(iter(other))  # in this process: a state one sample into epoch 0
     stream.load_state_dict(other.state_dict())
+    if not fresh:
+        with pytest.raises(RuntimeError, match="persistent"):
+            digests(loader)
+        return
     again = DataLoader(other, batch_size=4, num_workers=2, multiprocessing_context="fork")
     assert digests(loader) == digests(again)
 

@@ -9,7 +9,8 @@ A :class:`Loader` wraps the DataLoader and counts the batches it hands out, so t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader
 
@@ -21,7 +22,7 @@ from readers.epochs.state import EpochState
 from readers.epochs.stream import WdsStream
 from readers.images.crop import Crop
 
-__all__ = ["Loader", "with_read_options"]
+__all__ = ["Loader", "build_loader", "refuse_chosen", "with_read_options"]
 
 
 class Loader:
@@ -128,6 +129,39 @@ class Loader:
         source's iteration, the dataset's random crops."""
         if self.source.reset(state) and self.dataloader.persistent_workers:
             self.dataloader = self._make_dataloader()  # running workers hold a stale copy
+
+
+L = TypeVar("L", bound="Loader")
+
+
+def build_loader(
+    loader_cls: type[L],
+    source: EpochSampler | WdsStream,
+    dataset: Any,
+    batch_size: int | None,
+    num_workers: int,
+    dataloader_kwargs: dict[str, Any],
+) -> L:
+    """A ``loader_cls`` over the DataLoader of ``dataset`` dealt by ``source`` (its sampler;
+    a stream is its own dataset): how :func:`readers.make_loader` and the mixture and bucket
+    loaders build theirs (``batch_size=None`` for a dataset that serves whole batches), and
+    again when persistent workers hold a copy of a stream that cannot follow its state."""
+    make_dataloader = partial(
+        DataLoader,
+        dataset,
+        batch_size=batch_size,
+        sampler=None if source is dataset else source,
+        num_workers=num_workers,
+        **dataloader_kwargs,
+    )
+    return loader_cls(source, make_dataloader)
+
+
+def refuse_chosen(caller: str, chosen: Sequence[str], dataloader_kwargs: dict[str, Any]) -> None:
+    """ValueError naming the DataLoader arguments that ``caller`` chooses itself."""
+    taken = [name for name in chosen if name in dataloader_kwargs]
+    if taken:
+        raise ValueError(f"{caller} chooses {', '.join(taken)} itself; do not pass it")
 
 
 def with_read_options(
