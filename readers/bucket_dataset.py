@@ -19,9 +19,15 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from readers.batch import SampleBatch, collate
-from readers.dataset import ImageDataset, open_dataset
+from readers.dataset import ImageDataset
 from readers.epochs.buckets import AspectBuckets, BucketPlan
-from readers.epochs.loading import Loader, build_loader, refuse_chosen, with_read_options
+from readers.epochs.loading import (
+    Loader,
+    build_loader,
+    opened_dataset,
+    refuse_chosen,
+    with_read_options,
+)
 from readers.epochs.sampler import EpochSampler, selected_indices
 from readers.epochs.state import EpochState, subset_digest
 from readers.images.crop import Crop, uniforms
@@ -204,11 +210,7 @@ def make_bucket_loader(
     chosen = ("sampler", "batch_sampler", "batch_size", "crop", "transform")
     refuse_chosen("make_bucket_loader", chosen, dataloader_kwargs)
     placement = Placement.for_loader(distributed, rank, world_size)
-    opened = (
-        path
-        if isinstance(path, ImageDataset)
-        else open_dataset(path, storage_options=storage_options, cache_dir=cache_dir)
-    )
+    opened = opened_dataset(path, storage_options, cache_dir)
     crop = BucketCrop(buckets, seed)
     dataset = with_read_options(opened, None, decode_threads, True, crop, fields)
     chosen = None if indices is None else selected_indices(indices, len(dataset))

@@ -117,6 +117,9 @@ class ImageDataset(StoredReads, ImageFolderAttributes, Dataset):
             raise ValueError("transform= and crop= need decoded images: keep decode=True")
         if isinstance(root, Manifest):
             manifest = root
+            manifest.location.check_options(
+                storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
+            )
             if self.format is not None and manifest.format != self.format:
                 raise DatasetError(
                     f"{manifest.location}: dataset is {manifest.format!r}, not "
@@ -382,6 +385,8 @@ def open_dataset(
             root, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
         )
         manifest = load_manifest(location)
-    return DATASETS[manifest.format](
-        manifest, transform, decode_threads, decode, crop, opener=opener, fields=fields
+        storage_options = cache_dir = cache_limit = None  # used: the manifest holds them
+    opens = dict(storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+    return DATASETS[manifest.format](  # beside a Manifest, options it does not hold: refused
+        manifest, transform, decode_threads, decode, crop, opener=opener, fields=fields, **opens
     )

@@ -23,9 +23,9 @@ from torch.utils.data import Dataset
 
 from readers.batch import SampleBatch, new_batch
 from readers.batch_pool import hand_over
-from readers.dataset import ImageDataset, open_dataset
+from readers.dataset import ImageDataset
 from readers.dataset_reads import StoredBatch
-from readers.epochs.loading import Loader, build_loader, with_read_options
+from readers.epochs.loading import Loader, build_loader, opened_dataset, with_read_options
 from readers.epochs.mixture import Mixture, MixtureOrder, MixtureSource, WeightsArg, make_schedule
 from readers.epochs.sampler import EpochSampler
 from readers.epochs.state import EpochState
@@ -295,12 +295,7 @@ def make_mixture_loader(
     if not paths:
         raise ValueError("a mixture needs at least one source")
     placement = Placement.for_loader(distributed, rank, world_size)
-    opened = {
-        str(name): p
-        if isinstance(p, ImageDataset)
-        else open_dataset(p, storage_options=storage_options, cache_dir=cache_dir)
-        for name, p in paths.items()
-    }
+    opened = {str(k): opened_dataset(p, storage_options, cache_dir) for k, p in paths.items()}
     _require_fields(opened, fields)
     datasets = {
         name: with_read_options(d, None, None, True, crop, fields) for name, d in opened.items()

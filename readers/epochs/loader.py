@@ -98,7 +98,9 @@ def make_loader(
         rank, world_size: explicit placement, overriding what the process can see.
         storage_options, cache_dir: for a URL: fsspec's options, and where map-style
             readers cache the shards they open (:mod:`readers.storage.cache`); the stream reads
-            byte ranges and caches nothing.
+            byte ranges and caches nothing. Beside a dataset opened already they are a
+            ``ValueError`` unless they are the ones it was opened with (pass them to
+            :func:`readers.open_dataset`).
         fields: names of the dataset's fields each batch also carries, in this order:
             batches are then ``(images, labels, *fields)``, int and float fields as
             tensors, fixed-shape arrays stacked, text, json, bytes and other arrays as lists
@@ -128,11 +130,11 @@ def make_loader(
         raise ValueError(f"{', '.join(mixed)} weigh a mixture: pass {{name: path, ...}} as path")
     path, indices = _unwrap_subset(path, indices)
     reads = {"transform": transform, "decode_threads": decode_threads, "decode": decode}
-    path, reads = _with_reads(path, {**reads, "crop": crop, "fields": fields})
+    opens = {"storage_options": storage_options, "cache_dir": cache_dir}
+    path, reads = _with_reads(path, {**reads, "crop": crop, "fields": fields}, opens)
     dataloader_kwargs.setdefault("collate_fn", collate if reads["decode"] else collate_any)
     dealing = {"seed": seed, "drop_last": drop_last, "batch_size": batch_size}
     dealing["placement"] = Placement.for_loader(distributed, rank, world_size)
-    opens = {"storage_options": storage_options, "cache_dir": cache_dir}
     source: EpochSampler | WdsStream
     if stream:
         window = shuffle_buffer if shuffle else 0
@@ -144,12 +146,14 @@ def make_loader(
 
 
 def _with_reads(
-    path: str | os.PathLike[str] | ImageDataset, reads: dict[str, Any]
+    path: str | os.PathLike[str] | ImageDataset, reads: dict[str, Any], opens: dict[str, Any]
 ) -> tuple[str | os.PathLike[str] | ImageDataset, dict[str, Any]]:
     """``path`` and the read options to read it with: a dataset opened already, with those
-    given applied (:func:`with_read_options`), and then its own."""
+    given applied (:func:`with_read_options`), and then its own; ``opens``, the storage
+    options and cache folder, refused beside it unless they are the ones it holds."""
     if not isinstance(path, ImageDataset):
         return path, reads
+    path.manifest.location.check_options(**opens)
     dataset = with_read_options(path, **reads)
     own = ("transform", "decode_threads", "decode", "crop")
     return dataset, {**{k: getattr(dataset, k) for k in own}, "fields": dataset.field_names}

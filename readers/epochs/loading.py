@@ -8,6 +8,7 @@ A :class:`Loader` wraps the DataLoader and counts the batches it hands out, so t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -15,14 +16,14 @@ from typing import Any, TypeVar
 from torch.utils.data import DataLoader
 
 from readers.batch_pool import release_ended_pools
-from readers.dataset import ImageDataset, Transform
+from readers.dataset import ImageDataset, Transform, open_dataset
 from readers.epochs.sampler import EpochSampler
 from readers.epochs.split import Split
 from readers.epochs.state import EpochState
 from readers.epochs.stream import WdsStream
 from readers.images.crop import Crop
 
-__all__ = ["Loader", "build_loader", "refuse_chosen", "with_read_options"]
+__all__ = ["Loader", "build_loader", "opened_dataset", "refuse_chosen", "with_read_options"]
 
 
 class Loader:
@@ -155,6 +156,20 @@ def build_loader(
         **dataloader_kwargs,
     )
     return loader_cls(source, make_dataloader)
+
+
+def opened_dataset(
+    path: str | os.PathLike[str] | ImageDataset,
+    storage_options: dict[str, Any] | None,
+    cache_dir: str | os.PathLike[str] | None,
+) -> ImageDataset:
+    """The dataset at ``path`` opened with the storage options and cache folder, or the one
+    passed, which must hold those (:meth:`readers.storage.location.Location.check_options`:
+    a ``ValueError`` for others, never dropped)."""
+    if isinstance(path, ImageDataset):
+        path.manifest.location.check_options(storage_options=storage_options, cache_dir=cache_dir)
+        return path
+    return open_dataset(path, storage_options=storage_options, cache_dir=cache_dir)
 
 
 def refuse_chosen(caller: str, chosen: Sequence[str], dataloader_kwargs: dict[str, Any]) -> None:
