@@ -15,8 +15,8 @@ import torch
 from torch.utils.data import default_collate
 
 from readers.batch_pool import hand_over, take_batch
-from readers.epochs.placement import current_worker
 from readers.fields import FieldSpec, collate_field
+from readers.placement import current_worker
 
 __all__ = [
     "Sample",

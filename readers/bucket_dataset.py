@@ -16,16 +16,22 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from readers.batch import SampleBatch, collate
-from readers.dataset import ImageDataset, open_dataset
+from readers.dataset import ImageDataset
 from readers.epochs.buckets import AspectBuckets, BucketPlan
-from readers.epochs.loading import Loader, with_read_options
-from readers.epochs.placement import Placement
+from readers.epochs.loading import (
+    Loader,
+    build_loader,
+    opened_dataset,
+    refuse_chosen,
+    with_read_options,
+)
 from readers.epochs.sampler import EpochSampler, selected_indices
 from readers.epochs.state import EpochState, subset_digest
 from readers.images.crop import Crop, uniforms
+from readers.placement import Placement
 
 __all__ = ["BucketCrop", "BucketDataset", "BucketLoader", "BucketSampler", "make_bucket_loader"]
 
@@ -201,15 +207,10 @@ def make_bucket_loader(
             else stored order, bucket after bucket.
         The rest: as :func:`readers.make_loader`.
     """
-    for name in ("sampler", "batch_sampler", "batch_size", "crop", "transform"):
-        if name in dataloader_kwargs:
-            raise ValueError(f"make_bucket_loader chooses {name} itself; do not pass it")
+    chosen = ("sampler", "batch_sampler", "batch_size", "crop", "transform")
+    refuse_chosen("make_bucket_loader", chosen, dataloader_kwargs)
     placement = Placement.for_loader(distributed, rank, world_size)
-    opened = (
-        path
-        if isinstance(path, ImageDataset)
-        else open_dataset(path, storage_options=storage_options, cache_dir=cache_dir)
-    )
+    opened = opened_dataset(path, storage_options, cache_dir)
     crop = BucketCrop(buckets, seed)
     dataset = with_read_options(opened, None, decode_threads, True, crop, fields)
     chosen = None if indices is None else selected_indices(indices, len(dataset))
@@ -224,14 +225,4 @@ def make_bucket_loader(
     sampler = BucketSampler(plan, drop_last=drop_last, placement=placement)
     bucketed = BucketDataset(dataset, plan, chosen)
     dataloader_kwargs.setdefault("collate_fn", collate)
-
-    def make_dataloader() -> DataLoader:
-        return DataLoader(
-            bucketed,
-            batch_size=None,
-            sampler=sampler,
-            num_workers=num_workers,
-            **dataloader_kwargs,
-        )
-
-    return BucketLoader(sampler, make_dataloader)
+    return build_loader(BucketLoader, sampler, bucketed, None, num_workers, dataloader_kwargs)

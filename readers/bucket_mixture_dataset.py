@@ -19,18 +19,19 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from readers.bucket_dataset import BucketCrop, BucketLoader
 from readers.dataset import ImageDataset
 from readers.epochs.bucket_mixture import EpochBatches, MixtureBuckets
 from readers.epochs.buckets import AspectBuckets
+from readers.epochs.loading import build_loader
 from readers.epochs.mixture import Mixture, WeightsArg
-from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler
 from readers.epochs.state import EpochState
 from readers.mixture_dataset import MixtureBatch, MixtureDataset, MixtureLoader, mixture_collate
 from readers.mixture_sources import open_mixture
+from readers.placement import Placement
 
 __all__ = [
     "BucketMixtureDataset",
@@ -121,13 +122,9 @@ class BucketMixtureSampler(EpochSampler):
         plan.check(state["buckets"])
         self.plan = plan
 
-    def set_epoch(self, epoch: int) -> None:
-        self.num_samples = self._sizes(epoch)
-        super().set_epoch(epoch)
-
-    def resume(self, state: EpochState) -> None:
-        self.num_samples = state.num_samples
-        super().resume(state)
+    def reset(self, state: EpochState) -> bool:
+        self.num_samples = state.num_samples  # this epoch's batch count
+        return super().reset(state)
 
     def _epoch_order(self, state: EpochState) -> EpochBatches:
         return self.plan.epoch(state.epoch)
@@ -220,14 +217,5 @@ def make_bucket_mixture_loader(
     sampler = BucketMixtureSampler(plan, reweight, drop_last=drop_last, placement=placement)
     bucketed = BucketMixtureDataset(MixtureDataset(datasets), crop)
     dataloader_kwargs.setdefault("collate_fn", mixture_collate)
-
-    def make_dataloader() -> DataLoader:
-        return DataLoader(
-            bucketed,
-            batch_size=None,
-            sampler=sampler,
-            num_workers=num_workers,
-            **dataloader_kwargs,
-        )
-
-    return BucketMixtureLoader(sampler, make_dataloader)
+    kwargs = dataloader_kwargs
+    return build_loader(BucketMixtureLoader, sampler, bucketed, None, num_workers, kwargs)

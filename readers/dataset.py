@@ -24,7 +24,6 @@ from torch.utils.data import Dataset
 from readers.batches_ahead import BatchesAhead
 from readers.dataset_batches import BatchReads
 from readers.dataset_reads import chosen_fields
-from readers.epochs.placement import default_decode_threads
 from readers.formats import ShardOpener, ShardReader, open_local_shard
 from readers.imagefolder import ImageFolderAttributes
 from readers.images.crop import Crop
@@ -32,6 +31,7 @@ from readers.images.decode import decode_image
 from readers.images.pool import DecodePool
 from readers.index import as_index
 from readers.manifest import Manifest, load_manifest
+from readers.placement import default_decode_threads
 from readers.spec import DatasetError
 from readers.storage.location import Location
 
@@ -115,6 +115,9 @@ class ImageDataset(BatchReads, ImageFolderAttributes, Dataset):
             raise ValueError("transform= and crop= need decoded images: keep decode=True")
         if isinstance(root, Manifest):
             manifest = root
+            manifest.location.check_options(
+                storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
+            )
             if self.format is not None and manifest.format != self.format:
                 raise DatasetError(
                     f"{manifest.location}: dataset is {manifest.format!r}, not "
@@ -300,6 +303,8 @@ def open_dataset(
             root, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
         )
         manifest = load_manifest(location)
-    return DATASETS[manifest.format](
-        manifest, transform, decode_threads, decode, crop, opener=opener, fields=fields
+        storage_options = cache_dir = cache_limit = None  # used: the manifest holds them
+    opens = dict(storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+    return DATASETS[manifest.format](  # beside a Manifest, options it does not hold: refused
+        manifest, transform, decode_threads, decode, crop, opener=opener, fields=fields, **opens
     )

@@ -27,11 +27,11 @@ import torch
 from readers.batch import SampleBatch, new_batch, stack_images
 from readers.batches_ahead import BatchesAhead, Begun
 from readers.dataset_reads import StoredReads
-from readers.epochs.placement import default_decode_threads
 from readers.images.crop import Crop
 from readers.images.fused import CropsUnderWay, start_crops
 from readers.images.pool import DecodePool
 from readers.images.whole import WholeBatch, start_batch
+from readers.placement import default_decode_threads
 from readers.spec import StorageKind
 
 __all__ = ["BatchReads"]

@@ -19,15 +19,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from readers.batch import SampleBatch, new_batch
 from readers.batch_pool import hand_over
 from readers.dataset import ImageDataset
 from readers.dataset_reads import StoredBatch
-from readers.epochs.loading import Loader
+from readers.epochs.loading import Loader, build_loader
 from readers.epochs.mixture import Mixture, MixtureOrder, WeightsArg
-from readers.epochs.placement import Placement, default_decode_threads
 from readers.epochs.sampler import EpochSampler
 from readers.epochs.state import EpochState
 from readers.fields import FieldSpec
@@ -35,6 +34,7 @@ from readers.images.crop import Crop
 from readers.images.fused import start_crops
 from readers.images.pool import DecodePool
 from readers.mixture_sources import open_mixture
+from readers.placement import Placement, default_decode_threads
 
 __all__ = [
     "MixtureBatch",
@@ -191,7 +191,7 @@ class MixtureSampler(EpochSampler):
         self.mixture = mixture
         self.reweight = reweight
         self._offsets = dataset.offsets
-        self._dataset_set_epoch = dataset.set_epoch
+        self.tell_epoch = dataset.set_epoch
 
     def _epoch_order(self, state: EpochState) -> _GlobalOrder:
         return _GlobalOrder(self.mixture.order(state.epoch), self._offsets)
@@ -315,14 +315,4 @@ def make_mixture_loader(
         placement=placement,
     )
     dataloader_kwargs.setdefault("collate_fn", mixture_collate)
-
-    def make_dataloader() -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            num_workers=num_workers,
-            **dataloader_kwargs,
-        )
-
-    return MixtureLoader(sampler, make_dataloader)
+    return build_loader(MixtureLoader, sampler, dataset, batch_size, num_workers, dataloader_kwargs)

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from readers.dataset import ImageDataset, open_dataset
-from readers.epochs.loading import with_read_options
+from readers.dataset import ImageDataset
+from readers.epochs.loading import opened_dataset, with_read_options
 from readers.epochs.mixture import Mixture, MixtureSource, WeightsArg, make_schedule
 from readers.images.crop import Crop
 from readers.spec import StorageKind
@@ -52,12 +52,7 @@ def open_mixture(
     """
     if not paths:
         raise ValueError("a mixture needs at least one source")
-    opened = {
-        str(name): p
-        if isinstance(p, ImageDataset)
-        else open_dataset(p, storage_options=storage_options, cache_dir=cache_dir)
-        for name, p in paths.items()
-    }
+    opened = {str(k): opened_dataset(p, storage_options, cache_dir) for k, p in paths.items()}
     _require_fields(opened, fields)
     datasets = {
         name: with_read_options(d, None, None, True, crop, fields) for name, d in opened.items()

@@ -5,8 +5,11 @@
 - The C units' ``#include "..."`` graph has no circle (scratch and taps on the ground floor).
 - ``readers/formats/`` knows shards, not datasets: nothing there imports ``torch.utils.data``.
 - Where this process stands (rank, world size, DataLoader worker) is looked up in one module,
-  ``readers/epochs/placement.py``; everything else receives a ``Placement`` or asks it.
+  ``readers/placement.py``; everything else receives a ``Placement`` or asks it.
 - The usable CPUs are counted in one module, ``readers/cpus.py``.
+- ``make_loader``'s body (its docstring aside) stays under 60 lines.
+- ``readers/epochs/`` builds on the modules directly in ``readers/``; those it imports import
+  nothing from ``readers/epochs/`` (a fact about the process, like its placement, lives below).
 
 The files are parsed, never imported.
 """
@@ -21,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 400
-PLACEMENT = Path("readers/epochs/placement.py")
+PLACEMENT = Path("readers/placement.py")
 CPUS = Path("readers/cpus.py")  # the one count of usable CPUs
 # What tells a process where it stands: torch.distributed's placement calls, the launcher's
 # variables, the DataLoader's worker info.
@@ -123,6 +126,43 @@ def test_shard_readers_import_nothing_from_torch_utils_data(path: Path) -> None:
     assert not taken, f"{path} imports {taken}: datasets belong in readers/dataset.py"
 
 
+def module_name(path: Path) -> str:
+    return ".".join(path.with_suffix("").parts).removesuffix(".__init__")
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """What ``path`` imports at module level (not the lazy imports inside its functions)."""
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    return imported_modules(
+        ast.Module([n for n in tree.body if not isinstance(n, ast.FunctionDef)], [])
+    )
+
+
+def test_the_floor_under_readers_epochs_imports_nothing_from_it() -> None:
+    """The modules directly in ``readers/`` that ``readers/epochs/`` imports at module level are
+    its floor; ``make_loader``'s lazy hand-over to the mixture and bucket loaders (which build
+    on ``readers/epochs/``) is not."""
+    epochs = modules("readers/epochs")
+    floor = {
+        path
+        for path in modules("readers")
+        if path.parent == Path("readers") and path.name != "__init__.py"
+    }
+    used = {
+        path
+        for module in epochs
+        for path in floor
+        if module_name(path) in top_level_imports(module)
+    }
+    upward = {
+        f"{path} imports {name}"
+        for path in used
+        for name in imported_modules(ast.parse((ROOT / path).read_text(encoding="utf-8")))
+        if name.startswith("readers.epochs")
+    }
+    assert used and not upward, f"arrows up into readers/epochs/: {sorted(upward)}"
+
+
 def placement_lookups(tree: ast.AST) -> list[tuple[int, str]]:
     """Lines of ``tree`` that look up the process's placement."""
     found = []
@@ -143,7 +183,7 @@ def test_placement_is_looked_up_in_one_module_only() -> None:
         if path != PLACEMENT
         for line, name in placement_lookups(ast.parse((ROOT / path).read_text(encoding="utf-8")))
     ]
-    assert not elsewhere, "placement looked up outside readers/epochs/placement.py:\n" + "\n".join(
+    assert not elsewhere, "placement looked up outside readers/placement.py:\n" + "\n".join(
         elsewhere
     )
     assert placement_lookups(ast.parse((ROOT / PLACEMENT).read_text(encoding="utf-8")))
@@ -170,3 +210,22 @@ def test_usable_cpus_are_counted_in_one_module_only() -> None:
         if isinstance(node, ast.Attribute) and node.attr in counts
     ]
     assert not elsewhere, "CPUs counted outside readers/cpus.py:\n" + "\n".join(elsewhere)
+
+
+def body_lines(path: Path, name: str) -> int:
+    """Lines of function ``name``'s body in ``path``, its docstring not counted."""
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    (function,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name]
+    body = function.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    assert function.end_lineno is not None
+    return function.end_lineno - body[0].lineno + 1
+
+
+def test_make_loader_reads_in_one_screen() -> None:
+    """``make_loader`` hands each case to a named helper (argument checks, the stream's and
+    the map-style source, :func:`readers.epochs.loading.build_loader`): under 60 lines."""
+    lines = body_lines(Path("readers/epochs/loader.py"), "make_loader")
+    assert lines < 60, f"make_loader's body is {lines} lines: give a case a helper of its own"
+    assert body_lines(Path("tests/test_layout.py"), "body_lines") == 7  # the measure itself

@@ -21,10 +21,10 @@ from torch.utils.data import DataLoader, Subset, random_split
 
 import readers
 from readers.epochs.order import BlockOrder
-from readers.epochs.placement import Placement
 from readers.epochs.ranges import positions, total
 from readers.epochs.split import Split
 from readers.epochs.state import EpochState
+from readers.placement import Placement
 from tests.dist_rank import digest
 from tests.test_reader_faults import copy_dataset, flip_middle_byte_of_sample
 
@@ -298,16 +298,25 @@ def test_set_epoch_reaches_persistent_workers(roots, context):
     assert digests(again) == epochs[2]
 
 
-def test_stream_refuses_a_state_its_running_persistent_workers_cannot_see(roots):
+@pytest.mark.parametrize("fresh", [False, True], ids=["mid-epoch", "fresh"])
+def test_running_persistent_workers_follow_a_fresh_state_and_refuse_another(roots, fresh):
     stream = readers.WdsStream(roots["stream"], shuffle_buffer=8)
     loader = DataLoader(
-        stream, batch_size=4, num_workers=1, persistent_workers=True, multiprocessing_context="fork"
+        stream, batch_size=4, num_workers=2, persistent_workers=True, multiprocessing_context="fork"
     )
     take_batches(loader, 1)
-    state = stream.state_dict()
-    stream.load_state_dict(state)
-    with pytest.raises(RuntimeError, match="persistent"):
-        digests(loader)
+    other = readers.WdsStream(roots["stream"], shuffle_buffer=8)
+    if fresh:
+        other.set_epoch(3)
+    else:
+        next(iter(other))  # in this process: a state one sample into epoch 0
+    stream.load_state_dict(other.state_dict())
+    if not fresh:
+        with pytest.raises(RuntimeError, match="persistent"):
+            digests(loader)
+        return
+    again = DataLoader(other, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    assert digests(loader) == digests(again)
 
 
 def test_stream_len_is_this_ranks_share(roots):

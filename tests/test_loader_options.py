@@ -1,10 +1,14 @@
 """make_loader over a dataset already opened (or a ``Subset`` of one) applies its read
 options, ``crop=``, ``transform=``, ``decode_threads=`` and ``decode=``, as it does for a
 path, and refuses in one ``ValueError`` naming the option what it cannot apply: one the
-dataset already has otherwise, or ``decode_threads`` for a stream."""
+dataset already has otherwise, or ``decode_threads`` for a stream. Storage options and a
+cache folder beside a dataset or manifest opened already are taken when it holds them, else
+refused by name."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,7 @@ import torch
 from torch.utils.data import Subset
 
 import readers
+from readers.storage.location import Location
 
 pytestmark = pytest.mark.filterwarnings("ignore:.* was converted without --shuffle:UserWarning")
 SIDE = 16
@@ -89,3 +94,55 @@ def test_make_loader_names_an_option_it_cannot_apply(root):
         readers.make_loader(cropped, 4, decode=False)
     with pytest.raises(ValueError, match=r"decode_threads=4: stream=True decodes on one"):
         readers.make_loader(root, 4, stream=True, decode_threads=4)
+
+
+# --- storage options beside a dataset or manifest opened already: used or refused -------------
+
+
+@pytest.mark.parametrize("how", ["dataset", "Subset", "stream", "mixture", "buckets"])
+@pytest.mark.parametrize("given", ["storage_options", "cache_dir"])
+def test_make_loader_refuses_storage_options_beside_an_opened_dataset(root, tmp_path, how, given):
+    ds = readers.open_dataset(root)
+    target: object = Subset(ds, [0, 1, 2]) if how == "Subset" else ds
+    if how == "mixture":
+        target = {"a": ds}
+    options = {"storage_options": {"anon": True}, "cache_dir": tmp_path}
+    kwargs = {"stream": how == "stream", given: options[given]}
+    if how == "buckets":
+        kwargs["buckets"] = readers.AspectBuckets([(16, 16), (16, 24)])
+    if how == "mixture":
+        kwargs["crop"] = readers.CenterCrop(SIDE)
+    with pytest.raises(
+        ValueError, match=rf"{ds.manifest.location}: {given}= .* readers.open_dataset"
+    ):
+        readers.make_loader(target, 4, **kwargs)
+
+
+def test_options_a_dataset_holds_are_taken_beside_it(root):
+    ds = readers.open_dataset(root, storage_options={})
+    loader = readers.make_loader(ds, 4, shuffle=False, storage_options={})
+    assert len(loader) == -(-len(ds) // 4)
+
+
+def test_a_manifest_refuses_options_it_does_not_hold(root, tmp_path):
+    manifest = readers.load_manifest(root)
+    named = rf"{re.escape(str(root))}: storage_options= .* \(a local folder\)"
+    with pytest.raises(ValueError, match=named):
+        readers.WdsStream(manifest, storage_options={"anon": True})
+    with pytest.raises(ValueError, match=r"cache_dir= .* readers.load_manifest"):
+        readers.open_dataset(manifest, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"storage_options="):
+        readers.load_manifest(manifest.location, storage_options={"anon": True})
+
+
+def test_a_remote_location_takes_its_own_options_and_refuses_others(root, tmp_path):
+    url, held = "s3://bucket/data", {"endpoint_url": "http://127.0.0.1:1"}
+    location = Location.of(url, storage_options=held, cache_dir=tmp_path, cache_limit="1GiB")
+    location.check_options(storage_options=dict(held), cache_dir=tmp_path, cache_limit="1GiB")
+    remote = dataclasses.replace(readers.load_manifest(root), location=location)
+    readers.WdsStream(remote, storage_options=held)  # the same: used, as the manifest holds them
+    with pytest.raises(ValueError, match=rf"{url}: storage_options= .* other options"):
+        readers.WdsStream(remote, storage_options={"endpoint_url": "http://127.0.0.1:2"})
+    for other in ({"cache_dir": tmp_path / "other"}, {"cache_limit": "2GiB"}):
+        with pytest.raises(ValueError, match=f"{next(iter(other))}="):
+            location.check_options(**other)

@@ -14,19 +14,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import Subset
 
 from readers.batch import collate, collate_any
 from readers.dataset import ImageDataset, Transform, open_dataset
 from readers.epochs.buckets import AspectBuckets
-from readers.epochs.loading import Loader, with_read_options
+from readers.epochs.loading import Loader, build_loader, refuse_chosen, with_read_options
 from readers.epochs.mixture import WeightsArg
-from readers.epochs.placement import Placement
 from readers.epochs.sampler import EpochSampler, selected_indices
 from readers.epochs.stream import WdsStream
 from readers.formats import STREAM_FORMATS
 from readers.images.crop import Crop
 from readers.manifest import load_manifest
+from readers.placement import Placement
 from readers.storage.location import Location
 
 __all__ = ["Loader", "make_loader", "with_read_options"]  # Loader, with_read_options: loading.py
@@ -98,7 +98,9 @@ def make_loader(
         rank, world_size: explicit placement, overriding what the process can see.
         storage_options, cache_dir: for a URL: fsspec's options, and where map-style
             readers cache the shards they open (:mod:`readers.storage.cache`); the stream reads
-            byte ranges and caches nothing.
+            byte ranges and caches nothing. Beside a dataset opened already they are a
+            ``ValueError`` unless they are the ones it was opened with (pass them to
+            :func:`readers.open_dataset`).
         fields: names of the dataset's fields each batch also carries, in this order:
             batches are then ``(images, labels, *fields)``, int and float fields as
             tensors, fixed-shape arrays stacked, text, json, bytes and other arrays as lists
@@ -119,127 +121,98 @@ def make_loader(
             ``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``...);
             ``collate_fn`` defaults to :func:`readers.collate`.
     """
-    taken = [name for name in _OWN_ARGUMENTS if name in dataloader_kwargs]
-    if taken:
-        raise ValueError(f"make_loader chooses {', '.join(taken)} itself; do not pass it")
-    mixing = {"weights": weights, "epoch_size": epoch_size, "stratify": stratify}
+    refuse_chosen("make_loader", _OWN_ARGUMENTS, dataloader_kwargs)
     if buckets is not None:
         return _bucketed(path, batch_size, buckets, locals(), dataloader_kwargs)
     if isinstance(path, Mapping):
-        single = {
-            "indices": indices is not None,
-            "stream": stream,
-            "transform": transform is not None,
-            "decode_threads": decode_threads is not None,
-            "decode": not decode,
-        }
-        if any(single.values()):
-            named = ", ".join(f"{k}=" for k, v in single.items() if v)
-            raise ValueError(f"{named} read one dataset; a mixture's sources are read decoded")
-        from readers.mixture_dataset import make_mixture_loader  # it builds on this module
-
-        return make_mixture_loader(
-            path,
-            batch_size,
-            **mixing,
-            reweight=reweight,
-            shuffle=shuffle,
-            seed=seed,
-            num_workers=num_workers,
-            distributed=distributed,
-            drop_last=drop_last,
-            crop=crop,
-            fields=fields,
-            rank=rank,
-            world_size=world_size,
-            storage_options=storage_options,
-            cache_dir=cache_dir,
-            **dataloader_kwargs,
-        )
+        return _mixed(path, batch_size, locals(), dataloader_kwargs)
+    mixing = {"weights": weights, "epoch_size": epoch_size, "stratify": stratify}
     mixed = [f"{k}=" for k, v in {**mixing, "reweight": reweight}.items() if v not in (None, False)]
     if mixed:
         raise ValueError(f"{', '.join(mixed)} weigh a mixture: pass {{name: path, ...}} as path")
-    placement = Placement.for_loader(distributed, rank, world_size)
     path, indices = _unwrap_subset(path, indices)
-    if isinstance(path, ImageDataset):
-        path = with_read_options(path, transform, decode_threads, decode, crop, fields)
-        transform, decode_threads, decode, crop, fields = (
-            path.transform,
-            path.decode_threads,
-            path.decode,
-            path.crop,
-            path.field_names,
-        )
-    dataloader_kwargs.setdefault("collate_fn", collate if decode else collate_any)
+    reads = {"transform": transform, "decode_threads": decode_threads, "decode": decode}
+    opens = {"storage_options": storage_options, "cache_dir": cache_dir}
+    path, reads = _with_reads(path, {**reads, "crop": crop, "fields": fields}, opens)
+    dataloader_kwargs.setdefault("collate_fn", collate if reads["decode"] else collate_any)
+    dealing = {"seed": seed, "drop_last": drop_last, "batch_size": batch_size}
+    dealing["placement"] = Placement.for_loader(distributed, rank, world_size)
     source: EpochSampler | WdsStream
     if stream:
-        if indices is not None:
-            raise ValueError(
-                "stream=True reads whole passes over a wds dataset's shards: read a subset "
-                "map-style (stream=False)"
-            )
-        if isinstance(path, ImageDataset):
-            manifest = path.manifest
-        else:
-            location = Location.of(path, storage_options=storage_options, cache_dir=cache_dir)
-            manifest = load_manifest(location)
-        if manifest.format not in STREAM_FORMATS:
-            shown = ", ".join(STREAM_FORMATS)
-            raise ValueError(f"{manifest.location}: stream=True reads {shown} datasets only")
-        if decode_threads not in (None, 1):
-            raise ValueError(
-                f"decode_threads={decode_threads}: stream=True decodes on one thread per "
-                "DataLoader worker; drop decode_threads= and raise num_workers="
-            )
-        source = WdsStream(
-            manifest,
-            storage_options=storage_options,
-            transform=transform,
-            decode=decode,
-            crop=crop,
-            shuffle_buffer=shuffle_buffer if shuffle else 0,
-            seed=seed,
-            batch_size=batch_size,
-            drop_last=drop_last,
-            placement=placement,
-            fields=fields,
-        )
-        dataset: Any = source
-        sampler = None
+        window = shuffle_buffer if shuffle else 0
+        dataset = source = _stream_source(path, indices, window, reads, opens, dealing)
     else:
-        if isinstance(path, ImageDataset):
-            dataset = path
-        else:
-            dataset = open_dataset(
-                path,
-                transform=transform,
-                decode_threads=decode_threads,
-                decode=decode,
-                crop=crop,
-                storage_options=storage_options,
-                cache_dir=cache_dir,
-                fields=fields,
-            )
-        source = sampler = EpochSampler(
-            dataset,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-            batch_size=batch_size,
-            placement=placement,
-            indices=indices,
-        )
+        dataset = path if isinstance(path, ImageDataset) else open_dataset(path, **reads, **opens)
+        source = EpochSampler(dataset, shuffle=shuffle, indices=indices, **dealing)
+    return build_loader(Loader, source, dataset, batch_size, num_workers, dataloader_kwargs)
 
-    def make_dataloader() -> DataLoader:
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            num_workers=num_workers,
-            **dataloader_kwargs,
-        )
 
-    return Loader(source, make_dataloader)
+def _with_reads(
+    path: str | os.PathLike[str] | ImageDataset, reads: dict[str, Any], opens: dict[str, Any]
+) -> tuple[str | os.PathLike[str] | ImageDataset, dict[str, Any]]:
+    """``path`` and the read options to read it with: a dataset opened already, with those
+    given applied (:func:`with_read_options`), and then its own; ``opens``, the storage
+    options and cache folder, refused beside it unless they are the ones it holds."""
+    if not isinstance(path, ImageDataset):
+        return path, reads
+    path.manifest.location.check_options(**opens)
+    dataset = with_read_options(path, **reads)
+    own = ("transform", "decode_threads", "decode", "crop")
+    return dataset, {**{k: getattr(dataset, k) for k in own}, "fields": dataset.field_names}
+
+
+def _stream_source(
+    path: str | os.PathLike[str] | ImageDataset,
+    indices: np.ndarray | None,
+    window: int,
+    reads: dict[str, Any],
+    opens: dict[str, Any],
+    dealing: dict[str, Any],
+) -> WdsStream:
+    """The :class:`WdsStream` of ``make_loader(stream=True)``, or what it cannot read named."""
+    if indices is not None:
+        raise ValueError(
+            "stream=True reads whole passes over a wds dataset's shards: read a subset "
+            "map-style (stream=False)"
+        )
+    if isinstance(path, ImageDataset):
+        manifest = path.manifest
+    else:
+        manifest = load_manifest(Location.of(path, **opens))
+    if manifest.format not in STREAM_FORMATS:
+        shown = ", ".join(STREAM_FORMATS)
+        raise ValueError(f"{manifest.location}: stream=True reads {shown} datasets only")
+    threads = reads["decode_threads"]
+    if threads not in (None, 1):
+        raise ValueError(
+            f"decode_threads={threads}: stream=True decodes on one thread per "
+            "DataLoader worker; drop decode_threads= and raise num_workers="
+        )
+    keep = ("transform", "decode", "crop", "fields")
+    return WdsStream(manifest, shuffle_buffer=window, **{k: reads[k] for k in keep}, **dealing)
+
+
+def _mixed(
+    paths: Mapping[str, Any], batch_size: int, given: dict[str, Any], dataloader_kwargs: dict
+) -> Loader:
+    """:func:`make_loader` over a mapping: the mixture loader, or what it cannot take named."""
+    single = {
+        "indices": given["indices"] is not None,
+        "stream": given["stream"],
+        "transform": given["transform"] is not None,
+        "decode_threads": given["decode_threads"] is not None,
+        "decode": not given["decode"],
+    }
+    if any(single.values()):
+        named = ", ".join(f"{k}=" for k, v in single.items() if v)
+        raise ValueError(f"{named} read one dataset; a mixture's sources are read decoded")
+    from readers.mixture_dataset import make_mixture_loader  # it builds on this module
+
+    keep = ("weights", "epoch_size", "stratify", "reweight", "shuffle", "seed", "num_workers")
+    keep += ("distributed", "drop_last", "crop", "fields", "rank", "world_size")
+    keep += ("storage_options", "cache_dir")
+    options = {name: given[name] for name in keep}
+    return make_mixture_loader(paths, batch_size, **options, **dataloader_kwargs)
 
 
 def _unwrap_subset(

@@ -8,20 +8,22 @@ A :class:`Loader` wraps the DataLoader and counts the batches it hands out, so t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader
 
 from readers.batch_pool import release_ended_pools
-from readers.dataset import ImageDataset, Transform
+from readers.dataset import ImageDataset, Transform, open_dataset
 from readers.epochs.sampler import EpochSampler
 from readers.epochs.split import Split
 from readers.epochs.state import EpochState
 from readers.epochs.stream import WdsStream
 from readers.images.crop import Crop
 
-__all__ = ["Loader", "with_read_options"]
+__all__ = ["Loader", "build_loader", "opened_dataset", "refuse_chosen", "with_read_options"]
 
 
 class Loader:
@@ -123,20 +125,65 @@ class Loader:
         self._generation += 1
 
     def _start_source(self, state: EpochState) -> None:
-        """Hand ``state`` to the sampler or stream before the DataLoader iterates, and have
-        a sampler announce each batch to a dataset read in this process (none in workers),
-        which begins it one batch early (:mod:`readers.batches_ahead`)."""
+        """Hand ``state`` to the sampler or stream before the DataLoader iterates: the one
+        path by which the epoch reaches the order, the stream's workers and, through the
+        source's iteration, the dataset's random crops. A sampler announces each batch to
+        a dataset read in this process (none in workers), which begins it one batch early
+        (:mod:`readers.batches_ahead`)."""
         if isinstance(self.source, EpochSampler):
             loader = self.dataloader
             same_batches = loader.batch_size == self.source.batch_size
             here = loader.num_workers == 0 and same_batches
             self.source.read_ahead = getattr(loader.dataset, "read_ahead", None) if here else None
-        if state.fresh:
-            self.source.set_epoch(state.epoch)
-        if self.source.epoch_state != state:
-            self.source.resume(state)
-            if isinstance(self.source, WdsStream) and self.dataloader.persistent_workers:
-                self.dataloader = self._make_dataloader()  # running workers hold a copy
+        if self.source.reset(state) and self.dataloader.persistent_workers:
+            self.dataloader = self._make_dataloader()  # running workers hold a stale copy
+
+
+L = TypeVar("L", bound="Loader")
+
+
+def build_loader(
+    loader_cls: type[L],
+    source: EpochSampler | WdsStream,
+    dataset: Any,
+    batch_size: int | None,
+    num_workers: int,
+    dataloader_kwargs: dict[str, Any],
+) -> L:
+    """A ``loader_cls`` over the DataLoader of ``dataset`` dealt by ``source`` (its sampler;
+    a stream is its own dataset): how :func:`readers.make_loader` and the mixture and bucket
+    loaders build theirs (``batch_size=None`` for a dataset that serves whole batches), and
+    again when persistent workers hold a copy of a stream that cannot follow its state."""
+    make_dataloader = partial(
+        DataLoader,
+        dataset,
+        batch_size=batch_size,
+        sampler=None if source is dataset else source,
+        num_workers=num_workers,
+        **dataloader_kwargs,
+    )
+    return loader_cls(source, make_dataloader)
+
+
+def opened_dataset(
+    path: str | os.PathLike[str] | ImageDataset,
+    storage_options: dict[str, Any] | None,
+    cache_dir: str | os.PathLike[str] | None,
+) -> ImageDataset:
+    """The dataset at ``path`` opened with the storage options and cache folder, or the one
+    passed, which must hold those (:meth:`readers.storage.location.Location.check_options`:
+    a ``ValueError`` for others, never dropped)."""
+    if isinstance(path, ImageDataset):
+        path.manifest.location.check_options(storage_options=storage_options, cache_dir=cache_dir)
+        return path
+    return open_dataset(path, storage_options=storage_options, cache_dir=cache_dir)
+
+
+def refuse_chosen(caller: str, chosen: Sequence[str], dataloader_kwargs: dict[str, Any]) -> None:
+    """ValueError naming the DataLoader arguments that ``caller`` chooses itself."""
+    taken = [name for name in chosen if name in dataloader_kwargs]
+    if taken:
+        raise ValueError(f"{caller} chooses {', '.join(taken)} itself; do not pass it")
 
 
 def with_read_options(

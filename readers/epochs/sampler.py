@@ -19,9 +19,9 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from readers.epochs.order import MAP_ORDERS, MapOrder
-from readers.epochs.placement import Placement
 from readers.epochs.ranges import wrapped
 from readers.epochs.state import EpochSource, EpochState, require_full_batches, subset_digest
+from readers.placement import Placement
 
 __all__ = ["EpochSampler", "announced", "selected_indices"]
 
@@ -40,7 +40,7 @@ class EpochSampler(EpochSource, Sampler[int]):
         batch_size: the DataLoader's, so that ``drop_last`` drops only a short last batch.
         rank, world_size: explicit placement; by default taken from ``torch.distributed``
             or ``RANK``/``WORLD_SIZE`` when the sampler is built and at :meth:`set_epoch`.
-        placement: the same as a :class:`readers.epochs.placement.Placement` resolved
+        placement: the same as a :class:`readers.placement.Placement` resolved
             once (what :func:`readers.make_loader` passes).
         indices: read only these dataset indices (a subset: the epochs, shares and resume
             are over them, and the sampler yields dataset indices); default all.
@@ -85,24 +85,21 @@ class EpochSampler(EpochSource, Sampler[int]):
         # told each batch's indices one batch before they are yielded (readers.Loader sets
         # it in the training process: the dataset begins the batch then)
         self.read_ahead: Callable[[list[int]], None] | None = None
-        # a dataset's set_epoch (its random crops), told each epoch it is handed out
-        self._dataset_set_epoch = getattr(data, "set_epoch", None)
+        # the dataset's set_epoch (its random crops): told the epoch each iteration reads
+        self.tell_epoch: Callable[[int], None] | None = getattr(data, "set_epoch", None)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` at its beginning (call on every rank before iterating); a
         state loaded for this same epoch is kept, so resumed loops need no special case."""
-        self._place()
-        if epoch != self._state.epoch:
-            self._state = self._state.start_of(epoch)
-        self._yielded = 0
+        self.reset(self._state if epoch == self._state.epoch else self._state.start_of(epoch))
 
     def __len__(self) -> int:
         return self.split().per_rank
 
     def __iter__(self) -> Iterator[int]:
         state, self._yielded = self._state, 0
-        if self._dataset_set_epoch is not None:
-            self._dataset_set_epoch(state.epoch)
+        if self.tell_epoch is not None:  # in the training process, before any index is out
+            self.tell_epoch(state.epoch)
         indices = self._rank_indices(state)
         if self.read_ahead is not None:
             indices = announced(indices, self.batch_size, self.read_ahead)
@@ -149,12 +146,13 @@ class EpochSampler(EpochSource, Sampler[int]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (any world size): the rest of its epoch, then onwards."""
-        self.resume(self.loaded_state(state))
+        self.reset(self.loaded_state(state))
 
-    def resume(self, state: EpochState) -> None:
+    def reset(self, state: EpochState) -> bool:
         self._place()
         self._state = state
         self._yielded = 0
+        return False  # the sampler runs in the training process: no worker holds a copy
 
 
 def selected_indices(indices: Sequence[int] | np.ndarray, size: int) -> np.ndarray:

@@ -266,10 +266,16 @@ class EpochSource:
         """``state`` (a ``state_dict``), checked against what this source reads."""
         return EpochState.from_dict(state, self.num_samples, self.seed, self.orders, self.subset)
 
-    def resume(self, state: EpochState) -> None:
-        """Continue from ``state`` (checked by :meth:`loaded_state`, or the loader's own):
-        what ``load_state_dict`` does once the dict is read, and how a :class:`Loader` hands
-        its state over without a round trip through a dict."""
+    def reset(self, state: EpochState) -> bool:
+        """Start the next iteration from ``state`` (torchdata's ``reset(initial_state)``): the
+        one way a state reaches a source. A :class:`readers.Loader` hands its own over
+        before each iteration, never through a dict; ``set_epoch`` and ``load_state_dict``
+        of a source used by hand are this call too. The iteration tells the dataset read the
+        state's epoch (its random crops), so that crops follow the same state as the order.
+
+        Returns True when DataLoader workers already running hold a copy of this source
+        that cannot follow ``state`` (a stream's mid-epoch state): the Loader starts new ones.
+        """
         raise NotImplementedError
 
     @property

@@ -7,10 +7,11 @@ and worker reads, and how an interrupted epoch goes on, follow :mod:`readers.epo
 rank gets the same number of samples and batches, known before the epoch starts, even with
 fewer shards than ranks x workers (shares are sample ranges, not whole shards).
 
-What travels to the workers: the epoch, rank and world size live in a small shared-memory
-tensor written in the training process (at construction, :meth:`WdsStream.set_epoch` and
-:meth:`WdsStream.load_state_dict`), so persistent workers see each new epoch and no worker
-ever guesses its rank.
+What travels to the workers: the epoch, whether it starts fresh, rank and world size live in
+a small shared-memory tensor written in the training process (at construction and at each
+:meth:`WdsStream.reset`, which ``set_epoch`` and ``load_state_dict`` call), so persistent
+workers see each new epoch and no worker ever guesses its rank; a mid-epoch state travels in
+the workers' copy of the stream, and a state they cannot see bumps the version they check.
 """
 
 from __future__ import annotations
@@ -26,17 +27,17 @@ from torch.utils.data import IterableDataset
 
 from readers.dataset import Transform, WdsDataset
 from readers.epochs.order import BlockOrder
-from readers.epochs.placement import Placement, current_worker, visible_world_size
 from readers.epochs.ranges import take, total, wrapped
 from readers.epochs.state import EpochSource, EpochState, require_full_batches
 from readers.fields import FieldSpec
 from readers.formats import RangedWdsShard, ShardReader, open_local_shard
 from readers.images.crop import Crop
 from readers.manifest import Manifest
+from readers.placement import Placement, current_worker, visible_world_size
 
 __all__ = ["WdsStream"]
 
-_EPOCH, _RANK, _WORLD, _VERSION = range(4)
+_EPOCH, _FRESH, _RANK, _WORLD, _VERSION = range(5)
 _warned_unshuffled: set[str] = set()
 
 
@@ -69,7 +70,7 @@ class WdsStream(EpochSource, IterableDataset):
         rank, world_size: explicit placement; by default from ``torch.distributed`` or
             ``RANK``/``WORLD_SIZE``, read in the training process at construction,
             :meth:`set_epoch`, :meth:`load_state_dict` and each in-process ``__iter__``.
-        placement: the same as a :class:`readers.epochs.placement.Placement` resolved
+        placement: the same as a :class:`readers.placement.Placement` resolved
             once (what :func:`readers.make_loader` passes).
         decode: False yields encoded samples undecoded (see :class:`readers.ImageDataset`).
         crop: a crop done inside the decode (see :class:`readers.ImageDataset`); random
@@ -133,7 +134,7 @@ class WdsStream(EpochSource, IterableDataset):
             require_full_batches(self.manifest.num_samples, self.world_size, batch_size or 1)
         self._state = self.start_state(0)
         self._version = 0  # of the loaded state, to tell a worker holding an older copy
-        self._shared = torch.tensor([0, self.rank, self.world_size, 0]).share_memory_()
+        self._shared = torch.tensor([0, 1, self.rank, self.world_size, 0]).share_memory_()
         self._iterating = self._state  # the state the current iteration started from
         self._yielded = 0  # samples of it yielded by this process
         self._skip: int | None = None  # samples to skip, loaded in a worker
@@ -156,10 +157,7 @@ class WdsStream(EpochSource, IterableDataset):
         """Read epoch ``epoch`` next, from its beginning, on every rank and worker (a state
         loaded for this same epoch is kept). Call it in the training process."""
         self._in_training_process("set_epoch")
-        if epoch != self._state.epoch:
-            self._state = self._state.start_of(epoch)
-        self._iterating, self._yielded = self._state, 0
-        self._publish()
+        self.reset(self._state if epoch == self._state.epoch else self._state.start_of(epoch))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from :meth:`state_dict` or a loader's, any world size).
@@ -176,13 +174,20 @@ class WdsStream(EpochSource, IterableDataset):
                 )
             self._state, self._skip = loaded, int(state["worker_samples"])
             return
-        self.resume(loaded)
+        self.reset(loaded)
 
-    def resume(self, state: EpochState) -> None:
+    def reset(self, state: EpochState) -> bool:
+        self._in_training_process("reset")
+        # Workers already running follow a fresh epoch (published) or the state they copied
+        # (the one set at the last version bump, still in place): anything else is a new
+        # version, which they refuse to serve.
+        stale = state != self._state and not state.fresh
         self._state = self._iterating = state
         self._yielded = 0
-        self._version += 1
+        if stale:
+            self._version += 1
         self._publish()
+        return stale
 
     def state_dict(self) -> dict[str, Any]:
         """The state after what this process has yielded of the current epoch: the rank's
@@ -260,12 +265,12 @@ class WdsStream(EpochSource, IterableDataset):
         """Write epoch, placement and state version where every worker reads them."""
         self.rank, self.world_size = self._place()
         self._shared[:] = torch.tensor(
-            [self._state.epoch, self.rank, self.world_size, self._version]
+            [self._state.epoch, self._state.fresh, self.rank, self.world_size, self._version]
         )
 
     def _worker_state(self) -> EpochState:
         """Inside a DataLoader worker: the epoch state the training process published."""
-        epoch, self.rank, self.world_size, version = self._shared.tolist()
+        epoch, fresh, self.rank, self.world_size, version = self._shared.tolist()
         if version != self._version:
             raise RuntimeError(
                 "WdsStream.load_state_dict was called after this DataLoader's persistent "
@@ -279,9 +284,7 @@ class WdsStream(EpochSource, IterableDataset):
                 f"sees {visible} processes: build it after "
                 "torch.distributed.init_process_group, or call set_epoch before iterating"
             )
-        if epoch == self._state.epoch:
-            return self._state
-        return self._state.start_of(epoch)
+        return self._state.start_of(epoch) if fresh else self._state
 
     def _place(self) -> tuple[int, int]:
         """Rank and world size: the placement given, else detected now."""

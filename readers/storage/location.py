@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from readers.spec import MANIFEST_NAME, DatasetError, ShardInfo
-from readers.storage.cache import ShardCache
+from readers.storage.cache import ShardCache, parse_size
 from readers.storage.remote import RemoteFolder, is_url, local_path
 
 __all__ = ["Location"]
@@ -45,6 +45,9 @@ class Location:
         dataset keeps working after ``os.chdir`` (Hydra changes the directory of each
         run); a path to the manifest itself stands for its folder."""
         if isinstance(root, Location):
+            root.check_options(
+                storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
+            )
             return root
         if is_url(root):
             url = str(root).rstrip("/").removesuffix("/" + MANIFEST_NAME)
@@ -54,6 +57,38 @@ class Location:
         if folder.name == MANIFEST_NAME and folder.is_file():
             folder = folder.parent
         return cls(folder)
+
+    def check_options(
+        self,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+    ) -> None:
+        """Refuse options given beside this location, resolved already, that it does not
+        hold: they would be dropped without a word. The ones it holds (the same storage
+        options, cache folder or limit it was opened with) are taken as they are.
+
+        Raises:
+            ValueError: naming the location and the options, and where to pass them.
+        """
+        held = self.remote.storage_options if self.remote is not None else {}
+        cache = self.cache
+        unlike = {
+            "storage_options=": storage_options is not None and dict(storage_options) != held,
+            "cache_dir=": cache_dir is not None
+            and (cache is None or Path(cache_dir).absolute() != cache.folder),
+            "cache_limit=": cache_limit is not None
+            and (cache is None or parse_size(cache_limit) != cache.limit),
+        }
+        named = [name for name, differs in unlike.items() if differs]
+        if named:
+            how = "a local folder" if self.remote is None else "opened with other options"
+            raise ValueError(
+                f"{self}: {' and '.join(named)} given beside a dataset or manifest opened "
+                f"already ({how}) would not be used: pass them to readers.open_dataset or "
+                "readers.load_manifest where it is opened, or pass its path or URL instead"
+            )
 
     @property
     def url(self) -> str | None:
