@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tarfile
+from pathlib import Path
 
 import h5py
 import lmdb
@@ -16,6 +17,7 @@ from convert.writers import lmdb as lmdb_writer
 from convert.writers import wds as wds_writer
 from readers import spec
 from tests.conftest import ENCODING_CASES, SAMPLE_DATA
+from tests.photos import encode, photo_crop
 
 
 def test_pt_shard_holds_only_tensors_and_loads_without_pickle(converted) -> None:
@@ -103,3 +105,19 @@ def test_wds_member_headers_are_tarfiles_own(name: str, size: int) -> None:
     else:
         with pytest.raises(expected):
             wds_writer.ustar_header(name, size)
+
+
+def test_a_pt_shard_where_no_sample_has_a_field_writes_and_reads(tmp_path: Path) -> None:
+    """A variable field's bytes empty in a shard (none of its samples has a caption):
+    torch.save writes that record whole, without a data descriptor, and the writer must
+    still fill the archive around it."""
+    src = tmp_path / "src" / "class0"
+    src.mkdir(parents=True)
+    for k, name in enumerate("abcd"):
+        (src / f"{name}.jpg").write_bytes(encode(photo_crop(20, 24, seed=k)))
+    (src / "c.txt").write_text("a caption")
+    dst = tmp_path / "pt"
+    options = ConvertOptions("pt", shard_size=2)
+    convert_folder(tmp_path / "src", dst, options, workers=1, progress=False)
+    ds = readers.open_dataset(dst, fields=("txt",))
+    assert [ds[i][2] for i in range(len(ds))] == [None, None, "a caption", None]

@@ -146,7 +146,7 @@ class _Entry:
     start: int  # offset of the record's bytes
     size: int
     crc: int
-    descriptor: int  # offset of its data descriptor
+    descriptor: int  # offset of its data descriptor; -1 for an empty record, which has none
     central: int  # offset of its central directory header
 
 
@@ -163,20 +163,22 @@ def _entries(fd: int, path: Path) -> list[_Entry]:
             os.pread(fd, _LOCAL.size, info.header_offset)
         )
         start = info.header_offset + _LOCAL.size + local_name + local_extra
-        descriptor = start + info.file_size
-        if (signature, local_sig) != (b"PK\x01\x02", b"PK\x03\x04") or os.pread(
-            fd, 4, descriptor
-        ) != _DESCRIPTOR:
+        # an empty record (a field no sample of the shard has) is written whole, CRC 0, with
+        # no data descriptor after it
+        descriptor = start + info.file_size if info.file_size else -1
+        signatures = (signature, local_sig) == (b"PK\x01\x02", b"PK\x03\x04")
+        if not signatures or (descriptor >= 0 and os.pread(fd, 4, descriptor) != _DESCRIPTOR):
             raise _unknown_layout(path, f"record {info.filename} is not where expected")
         entries.append(_Entry(info.filename, start, info.file_size, crc, descriptor, position))
         position += _CENTRAL.size + name_len + extra_len + comment_len
     return entries
 
 
-def _hash_combine(crcs: list[int]) -> int:
-    """c10::hash_combine folded over the records' CRC-32s, as the serialization id has it."""
+def _hash_combine(records: list[_Entry]) -> int:
+    """c10::hash_combine folded over the records' CRC-32s, as the serialization id has it
+    (an empty record, written in no chunk, adds nothing)."""
     seed = 0
-    for crc in crcs:
+    for crc in (e.crc for e in records if e.size):
         seed = (seed ^ ((crc + 0x9E3779B9 + (seed << 6) + (seed >> 2)) & _MASK)) & _MASK
     return seed
 
@@ -198,7 +200,7 @@ def _fill_archive(path: Path, spools: list[Spool]) -> None:
         if not last.name.endswith("/" + _SERIALIZATION_ID) or last.size != 40:
             raise _unknown_layout(path, f"the last record is {last.name}")
         serialization_id = os.pread(fd, last.size, last.start)
-        if serialization_id[20:] != b"%020d" % _hash_combine([e.crc for e in records]):
+        if serialization_id[20:] != b"%020d" % _hash_combine(records):
             raise _unknown_layout(path, "its serialization id is not derived as expected")
         prefix = last.name[: -len(_SERIALIZATION_ID)]
         by_name = {e.name: e for e in records}
@@ -206,10 +208,9 @@ def _fill_archive(path: Path, spools: list[Spool]) -> None:
             entry = by_name.get(f"{prefix}data/{k}")
             if entry is None or entry.size != spool.nbytes:
                 raise _unknown_layout(path, f"no record of {spool.nbytes} bytes for tensor {k}")
-            _set_crc(fd, entry, spool.copy_to(fd, entry.start))
-        serialization_id = serialization_id[:20] + b"%020d" % _hash_combine(
-            [e.crc for e in records]
-        )
+            if spool.nbytes:  # an empty record holds nothing, and its CRC is 0 already
+                _set_crc(fd, entry, spool.copy_to(fd, entry.start))
+        serialization_id = serialization_id[:20] + b"%020d" % _hash_combine(records)
         os.pwrite(fd, serialization_id, last.start)
         _set_crc(fd, last, zlib.crc32(serialization_id))
 
