@@ -64,7 +64,7 @@ def test_in_process_batches_reuse_private_slots(root: Path, expected) -> None:
         seen.append((images.contiguous().numpy().tobytes(), labels.tolist()))
         del images, labels
     assert seen == expected
-    assert len(addresses) <= 2  # the batch in use and the one being built
+    assert len(addresses) <= 3  # the batch in use, the one begun ahead, the one being begun
     pools = batch_pool._pools[os.getpid()]
     assert pools and not any(pool.shared for pool in pools)
 
