@@ -33,10 +33,11 @@ test: setup
 		tests/test_crop_large.py tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py tests/test_crc.py
 
 # The quick tier: everything but loopback servers, Ray, torchrun, fuzzing, wheel builds and
-# soak runs (markers in setup.cfg; tests/conftest.py marks the server and cluster fixtures).
+# soak runs (markers in setup.cfg; tests/conftest.py marks the server and cluster fixtures), on
+# every core (pytest-xdist). make test stays one process: what CI runs.
 QUICK = not (server or cluster or torchrun or fuzz or wheel or slow or soak)
 check: setup
-	$(BIN)/python -m pytest -q -m "$(QUICK)"
+	$(BIN)/python -m pytest -q -n auto -m "$(QUICK)"
 
 # Benchmarks (minutes; results and method in docs/BENCHMARKS.md).
 bench: setup
