@@ -14,6 +14,7 @@ import itertools
 import os
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
+from functools import partial
 from itertools import accumulate
 from typing import Any
 
@@ -23,6 +24,7 @@ from torch.utils.data import Dataset
 
 from readers.batch import SampleBatch, new_batch
 from readers.batch_pool import hand_over
+from readers.batches_ahead import BatchesAhead, Begun
 from readers.dataset import ImageDataset
 from readers.dataset_reads import StoredBatch
 from readers.epochs.loading import Loader, build_loader
@@ -31,7 +33,7 @@ from readers.epochs.sampler import EpochSampler
 from readers.epochs.state import EpochState
 from readers.fields import FieldSpec
 from readers.images.crop import Crop
-from readers.images.fused import start_crops
+from readers.images.fused import CropsUnderWay, start_crops
 from readers.images.pool import DecodePool
 from readers.mixture_sources import open_mixture
 from readers.placement import Placement, default_decode_threads
@@ -73,6 +75,7 @@ class MixtureDataset(Dataset):
         self.names = tuple(self.datasets)
         self.offsets = np.asarray([0, *accumulate(len(d) for d in self.datasets.values())])
         self._pool = DecodePool()  # the crops' threads, as each dataset has its own
+        self._ahead = BatchesAhead()
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -89,7 +92,20 @@ class MixtureDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> MixtureBatch:
         """The samples ``indices`` names, their rows grouped by source (in the order of
         the names). With ``crop=`` every source's samples are decoded in one call, straight
-        into the batch (a call per source costs each its own wait for the decode threads)."""
+        into the batch (a call per source costs each its own wait for the decode threads).
+        A batch announced by :meth:`read_ahead` is served as begun then."""
+        begun = self._ahead.take(indices)
+        return (begun or self._begin(indices)).finish()
+
+    def read_ahead(self, indices: Sequence[int]) -> None:
+        """Begin the batch ``indices`` now, its crops decoding on the decode threads while
+        this thread goes on, as :meth:`readers.ImageDataset.read_ahead` does."""
+        self._ahead.begin(indices, partial(self._begin, ahead=True))
+
+    def _begin(self, indices: Sequence[int], ahead: bool = False) -> Begun:
+        """The batch ``indices`` begun: with ``crop=``, every source's stored samples read
+        and their crops started (on the decode threads alone with ``ahead``); else read
+        whole by ``finish()``."""
         source, local = self._split(np.asarray(indices, np.int64))
         grouped = np.argsort(source, kind="stable")
         source, local = source[grouped], local[grouped]
@@ -101,24 +117,39 @@ class MixtureDataset(Dataset):
         ]
         first = self.datasets[self.names[0]]
         sources = torch.from_numpy(source.astype(np.int64))
+
+        def batch(images: Any, labels: torch.Tensor, columns: list[Any]) -> MixtureBatch:
+            fields = [
+                [v for part in columns for v in part[k]] for k in range(len(first.field_names))
+            ]
+            return MixtureBatch(images, labels, sources, fields, first.field_specs)
+
         if first.crop is not None and first.transform is None and parts:
             stored = [dataset.stored_batch(rows) for dataset, rows in parts]
-            images = self._crop(first, stored, self.offsets[source] + local)
+            images, crops = self._start_crops(first, stored, self.offsets[source] + local, ahead)
             labels = torch.cat([s.labels for s in stored])
             columns = [s.field_values for s in stored]
-        else:
+
+            def cropped() -> MixtureBatch:
+                crops.finish()
+                return batch(images, labels, columns)
+
+            return Begun(cropped, crops.settle)
+
+        def whole() -> MixtureBatch:
             batches = [dataset.__getitems__(rows) for dataset, rows in parts]
             images = _joined([b.images for b in batches])
             labels = torch.cat([b.labels for b in batches]) if batches else torch.empty(0).long()
-            columns = [b.field_values for b in batches]
-        fields = [[v for part in columns for v in part[k]] for k in range(len(first.field_names))]
-        return MixtureBatch(images, labels, sources, fields, first.field_specs)
+            return batch(images, labels, [b.field_values for b in batches])
 
-    def _crop(
-        self, first: ImageDataset, stored: list[StoredBatch], indices: np.ndarray
-    ) -> torch.Tensor:
-        """The sources' crops in one batch tensor, decoded in one call: the random crops
-        drawn by each sample's index in the mixture (sources laid end to end)."""
+        return Begun(whole)
+
+    def _start_crops(
+        self, first: ImageDataset, stored: list[StoredBatch], indices: np.ndarray, ahead: bool
+    ) -> tuple[torch.Tensor, CropsUnderWay]:
+        """The sources' crops begun in one batch tensor, one kernel call per decode thread
+        (``ahead``: as :func:`readers.images.fused.start_crops`): the random crops drawn by
+        each sample's index in the mixture (sources laid end to end)."""
         crop = first.crop
         assert crop is not None
         shape = (len(indices), 3, *crop.size)
@@ -129,7 +160,7 @@ class MixtureDataset(Dataset):
             part = bisect_right(starts, row) - 1
             return stored[part].where(row - starts[part])
 
-        start_crops(
+        crops = start_crops(
             [value for s in stored for value in s.values],
             indices,
             crop,
@@ -138,8 +169,9 @@ class MixtureDataset(Dataset):
             all(s.verified for s in stored),
             self._pool,
             first.decode_threads or default_decode_threads(),
-        ).finish()
-        return images
+            ahead,
+        )
+        return images, crops
 
     def set_epoch(self, epoch: int) -> None:
         for dataset in self.datasets.values():

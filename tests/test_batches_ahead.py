@@ -137,3 +137,31 @@ def test_batches_asked_for_in_another_order_are_read_as_asked(stored_at_size: Pa
     ds.read_ahead([1, 2, 4, 5])
     again = ds.__getitems__([1, 2, 4, 5])
     assert torch.equal(again.images, expected[1][0])
+
+
+def test_a_mixture_loader_reads_ahead_and_serves_what_each_batch_read_at_its_turn_does(
+    stored_at_size: Path,
+) -> None:
+    sources = {"a": stored_at_size, "b": stored_at_size}
+    options = {"weights": {"a": 2, "b": 1}, "epoch_size": 30, "seed": 5, "num_workers": 0}
+    crop = readers.RandomResizedCrop(24, flip=True)
+    loader = readers.make_loader(sources, BATCH, crop=crop, **options)
+    reference = readers.make_loader(
+        sources, BATCH, crop=readers.RandomResizedCrop(24, flip=True), **options
+    )
+    for epoch in range(2):
+        reference.source.set_epoch(epoch)
+        order = list(reference.source)  # its sampler alone: nothing announced
+        want = [
+            reference.dataset.__getitems__(order[k : k + BATCH])
+            for k in range(0, len(order), BATCH)
+        ]
+        got = []
+        for images, labels, names in loader:
+            got.append((images.clone(), labels.clone(), names.clone()))
+            if len(got) == 1:
+                assert len(loader.dataset._ahead) == 1  # the second batch begun
+        assert len(got) == len(want)
+        for (images, labels, names), batch in zip(got, want, strict=True):
+            assert torch.equal(images, batch.images) and torch.equal(labels, batch.labels)
+            assert torch.equal(names, batch.sources)
