@@ -62,9 +62,23 @@ def options(fmt: str) -> ConvertOptions:
     return ConvertOptions(format=fmt, encoding="jpeg", resize=128, shard_size=SHARD)
 
 
-def command(src: Path, dst: Path, fmt: str, *extra: str) -> list[str]:
-    cli = [sys.executable, "-m", "convert.cli", "convert", str(src), str(dst)]
+def command(src: Path, dst: Path, fmt: str, *extra: str, held_at: int | None = None) -> list[str]:
+    """The conversion's command line; ``held_at``: held still once that many shards are
+    journaled, until :func:`release` (``tests/held_cli.py``), so no test races the run."""
+    cli = [sys.executable, "-m", "convert.cli"]
+    if held_at is not None:
+        cli = [sys.executable, "-m", "tests.held_cli", str(held_at), str(release_file(dst))]
+    cli += ["convert", str(src), str(dst)]
     return [*cli, "--format", fmt, *ARGS, "--workers", "2", *extra]
+
+
+def release_file(dst: Path) -> Path:
+    return dst.with_name(dst.name + ".release")
+
+
+def release(dst: Path) -> None:
+    """Let a conversion started with ``held_at=`` go on."""
+    release_file(dst).touch()
 
 
 def run_cli(src: Path, dst: Path, fmt: str, *extra: str) -> subprocess.CompletedProcess:
@@ -74,11 +88,15 @@ def run_cli(src: Path, dst: Path, fmt: str, *extra: str) -> subprocess.Completed
 
 
 @contextlib.contextmanager
-def start_cli(src: Path, dst: Path, fmt: str, *extra: str) -> Iterator[subprocess.Popen]:
-    """A running conversion, killed on the way out if it is still running (a hung one
-    fails its test at its timeout instead of blocking the suite in ``Popen.wait``)."""
+def start_cli(
+    src: Path, dst: Path, fmt: str, *extra: str, held_at: int
+) -> Iterator[subprocess.Popen]:
+    """A running conversion that stops still once ``held_at`` shards are journaled (see
+    :func:`command`), killed on the way out if it is still running (a hung one fails its
+    test at its timeout instead of blocking the suite in ``Popen.wait``)."""
+    release_file(dst).unlink(missing_ok=True)
     process = subprocess.Popen(
-        command(src, dst, fmt, *extra),
+        command(src, dst, fmt, *extra, held_at=held_at),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -138,7 +156,7 @@ def test_resume_after_sigkill_mid_shard_equals_an_uninterrupted_run(
 ):
     ref_manifest, ref_shards = reference(fmt)
     dst = tmp_path / "dst"
-    with start_cli(source, dst, fmt) as process:
+    with start_cli(source, dst, fmt, held_at=3) as process:
         wait_for_shards(process, dst, 3)
         workers = children(process.pid)
         process.send_signal(signal.SIGKILL)
@@ -163,9 +181,10 @@ def test_a_worker_killed_mid_run_stops_the_run_resumably_instead_of_hanging(
 ):
     ref_manifest, ref_shards = reference("lmdb")
     dst = tmp_path / "dst"
-    with start_cli(source, dst, "lmdb") as process:
+    with start_cli(source, dst, "lmdb", held_at=1) as process:
         wait_for_shards(process, dst, 1)
         os.kill(children(process.pid)[0], signal.SIGKILL)  # as the OOM killer does
+        release(dst)
         _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1, stderr
     assert "worker process died" in stderr and "--resume" in stderr
@@ -222,7 +241,7 @@ def test_a_worker_killed_while_sending_its_results_never_hangs_the_pool(source):
 def test_ctrl_c_or_sigterm_exits_cleanly_saying_how_to_resume(source, reference, sig, tmp_path):
     ref_manifest, ref_shards = reference("wds")
     dst = tmp_path / "dst"
-    with start_cli(source, dst, "wds") as process:
+    with start_cli(source, dst, "wds", held_at=2) as process:
         wait_for_shards(process, dst, 2)
         process.send_signal(sig)
         _, stderr = process.communicate(timeout=60)
@@ -242,7 +261,7 @@ def test_a_second_conversion_into_the_same_folder_is_refused_and_the_first_is_un
 ):
     ref_manifest, ref_shards = reference("pt")
     dst = tmp_path / "dst"
-    with start_cli(source, dst, "pt", "--workers", "1") as first:
+    with start_cli(source, dst, "pt", "--workers", "1", held_at=1) as first:
         wait_for_shards(first, dst, 1)
         for flags in ([], ["--resume"], ["--overwrite"]):
             second = CliRunner().invoke(
@@ -252,6 +271,7 @@ def test_a_second_conversion_into_the_same_folder_is_refused_and_the_first_is_un
             assert "another imgpack convert" in second.output, second.output
             assert f"pid {first.pid}" in second.output
         assert first.poll() is None  # still running
+        release(dst)
         _, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr
     assert_same_as_reference(dst, ref_manifest, ref_shards)
@@ -299,7 +319,7 @@ def test_a_busy_or_non_empty_dst_is_refused_before_the_source_is_scanned(tmp_pat
 
 def test_resume_refuses_other_options_naming_what_changed(source, tmp_path):
     dst = tmp_path / "dst"
-    with start_cli(source, dst, "wds") as process:
+    with start_cli(source, dst, "wds", held_at=1) as process:
         wait_for_shards(process, dst, 1)
         process.kill()
     done = run_cli(source, dst, "wds", "--resume", "--quality", "75")
@@ -408,7 +428,7 @@ def test_a_run_killed_twice_resumes_twice_to_the_uninterrupted_result(source, re
     ref_manifest, ref_shards = reference("wds")
     dst = tmp_path / "dst"
     for shards in (2, 6):  # the second run is itself a resume, killed further on
-        with start_cli(source, dst, "wds", "--resume") as process:
+        with start_cli(source, dst, "wds", "--resume", held_at=shards) as process:
             wait_for_shards(process, dst, shards)
             process.kill()
     assert completed_shards(dst) >= 6
