@@ -8,8 +8,11 @@ planning the decode, taking a batch buffer) then ran while the decode threads id
 announce each batch one batch early (:meth:`readers.EpochSampler.__iter__` with
 ``read_ahead``): the dataset begins it then (:meth:`BatchesAhead.begin`), its decode running
 on the decode threads while the training thread plans the next, and serves it when the
-DataLoader asks (:meth:`BatchesAhead.take`). A batch asked for that was not announced (a
-hand-built loop, another order) is read as before, once those begun are settled.
+DataLoader asks (:meth:`BatchesAhead.serve`). A batch asked for that was not announced (a
+hand-built loop, another order) is read as before, once those begun are settled. A batch is
+keyed by what the DataLoader hands the dataset for it: its indices, or a bucket loader's
+one key (``(epoch, batch)``; :mod:`readers.bucket_dataset`), which names the bucket, so that
+each batch carries its own crop from the moment it is begun.
 
 Decode threads must not run across a fork (the child would inherit their half-written
 buffers and locks): every batch begun is settled first (``os.register_at_fork``).
@@ -48,13 +51,14 @@ def _failed(error: Exception) -> Begun:
 
 
 class BatchesAhead:
-    """A dataset's batches begun ahead, oldest first, keyed by their indices."""
+    """A dataset's batches begun ahead, oldest first, keyed by their indices (a sequence of
+    ints, or of a bucket batch's parts), compared as tuples."""
 
     def __init__(self) -> None:
-        self._begun: deque[tuple[tuple[int, ...], Begun]] = deque()
+        self._begun: deque[tuple[tuple[Any, ...], Begun]] = deque()
         _LIVE.add(self)
 
-    def begin(self, indices: Sequence[int], start: Callable[[Sequence[int]], Begun]) -> None:
+    def begin(self, indices: Sequence[Any], start: Callable[[Sequence[Any]], Begun]) -> None:
         """``start(indices)`` now; what it raises is raised when the batch is asked for."""
         try:
             begun = start(indices)
@@ -62,7 +66,7 @@ class BatchesAhead:
             begun = _failed(error)
         self._begun.append((tuple(indices), begun))
 
-    def take(self, indices: Sequence[int]) -> Begun | None:
+    def take(self, indices: Sequence[Any]) -> Begun | None:
         """The batch ``indices`` if it was begun (those begun before it are settled and
         dropped), else None with every batch begun settled."""
         wanted = tuple(indices)
@@ -72,6 +76,11 @@ class BatchesAhead:
                 return begun
             begun.settle()
         return None
+
+    def serve(self, indices: Sequence[Any], start: Callable[[Sequence[Any]], Begun]) -> Any:
+        """The batch ``indices``, finished: as begun ahead (:meth:`take`), else begun now by
+        ``start(indices)``, every batch begun before it settled first."""
+        return (self.take(indices) or start(indices)).finish()
 
     def settle(self) -> None:
         """Wait for every batch begun, and drop them."""

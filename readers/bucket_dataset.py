@@ -5,20 +5,25 @@ bucket. Dealing, ``set_epoch`` and elastic resume are the single dataset's
 (:class:`readers.EpochSampler` over the batch count, with ``batch_size=1``, and
 :class:`readers.Loader`); the sampler hands out ``(epoch, batch)`` pairs and the DataLoader
 (``batch_size=None``) passes each to :class:`BucketDataset`, which reads the whole batch in
-one ``__getitems__`` of the dataset, its images resized to cover the bucket's shape and
-cropped to it inside the decode (:class:`BucketCrop`, the kernel and the Python path alike).
+one :meth:`readers.ImageDataset.begin` of the dataset, its images resized to cover the
+bucket's shape and cropped to it inside the decode (the batch's own :class:`BucketCrop`,
+made when the batch is begun: the kernel and the Python path alike). In the training
+process (``num_workers=0``) the sampler announces each key one batch early and the batch is
+begun then, its crops decoding on the decode threads (:mod:`readers.batches_ahead`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from readers.batch import SampleBatch, collate
+from readers.batches_ahead import BatchesAhead, Begun
 from readers.dataset import ImageDataset
 from readers.epochs.buckets import AspectBuckets, BucketPlan
 from readers.epochs.loading import (
@@ -37,25 +42,29 @@ __all__ = ["BucketCrop", "BucketDataset", "BucketLoader", "BucketSampler", "make
 
 
 class BucketCrop(Crop):
-    """Resize to cover the chosen bucket's shape (aspect kept), crop to it: centred, or at
+    """Resize to cover bucket ``bucket``'s shape (aspect kept), crop to it: centred, or at
     an offset drawn from ``(seed, epoch, sample index)`` with ``jitter``; mirrored with
     probability 1/2 with ``flip``, drawn alike.
 
-    The shape is the batch's: :class:`BucketDataset` :meth:`select` s the bucket and epoch
-    before each batch it reads (one batch at a time in each process), so that one dataset,
-    with one set of open shards, serves every bucket.
+    The shape is the batch's: the dataset is opened with one :class:`BucketCrop` (so that
+    one dataset, with one set of open shards, serves every bucket), and each batch is read
+    with its own, :meth:`for_batch` (made when the batch is begun, never changed after: a
+    batch begun ahead keeps its bucket while the one before it finishes).
     """
 
-    def __init__(self, buckets: AspectBuckets, seed: int = 0) -> None:
+    def __init__(
+        self, buckets: AspectBuckets, seed: int = 0, bucket: int = 0, epoch: int = 0
+    ) -> None:
         self.buckets = buckets
         self.seed = seed
         self.flip = buckets.flip
-        self.select(0, 0)
-
-    def select(self, bucket: int, epoch: int) -> None:
-        """Crop the next batch to bucket ``bucket``, with epoch ``epoch``'s draws."""
         self.bucket, self.epoch = bucket, epoch
-        self.size = self.buckets.sizes[bucket]
+        self.size = buckets.sizes[bucket]
+
+    def for_batch(self, bucket: int, epoch: int) -> BucketCrop:
+        """This crop for a batch of bucket ``bucket`` with epoch ``epoch``'s draws (a new
+        crop; this one is left as it is)."""
+        return BucketCrop(self.buckets, self.seed, bucket, epoch)
 
     def boxes(self, sizes: np.ndarray, indices: np.ndarray) -> np.ndarray:
         """The largest box of the bucket's aspect in each image (what resizing to cover
@@ -76,7 +85,8 @@ class BucketCrop(Crop):
         return np.stack([top, left, bh, bw, flip.astype(np.int64)], axis=1)
 
     def __repr__(self) -> str:
-        return f"BucketCrop({self.buckets!r}, seed={self.seed})"
+        where = f", bucket={self.bucket}, epoch={self.epoch}" if self.bucket or self.epoch else ""
+        return f"BucketCrop({self.buckets!r}, seed={self.seed}{where})"
 
 
 class BucketDataset(Dataset):
@@ -94,6 +104,7 @@ class BucketDataset(Dataset):
         self.crop: BucketCrop = dataset.crop
         self.plan = plan
         self.indices = indices
+        self._ahead = BatchesAhead()
 
     @property
     def classes(self) -> list[str]:
@@ -105,10 +116,22 @@ class BucketDataset(Dataset):
         return bucket, members if self.indices is None else self.indices[members]
 
     def __getitem__(self, key: tuple[int, int]) -> SampleBatch:
+        """Batch ``key``, ``(epoch, batch)``: as begun by :meth:`read_ahead`, else now."""
+        return self._ahead.serve(key, self.begin)
+
+    def read_ahead(self, key: tuple[int, int]) -> None:
+        """Begin batch ``key`` now, to serve it when :meth:`__getitem__` asks for it, its
+        crops decoding on the decode threads meanwhile (:class:`readers.Loader` announces
+        each key one batch early in the training process)."""
+        self._ahead.begin(key, partial(self.begin, ahead=True))
+
+    def begin(self, key: Sequence[int], ahead: bool = False) -> Begun:
+        """Batch ``key`` begun with its own :class:`BucketCrop` (the bucket and epoch
+        fixed now): :meth:`readers.ImageDataset.begin`."""
         epoch, batch = key
         bucket, indices = self.samples(epoch, batch)
-        self.crop.select(bucket, epoch)
-        return self.dataset.__getitems__(indices.tolist())
+        crop = self.crop.for_batch(bucket, epoch)
+        return self.dataset.begin(indices.tolist(), ahead, crop)
 
 
 class _BatchOrder:
@@ -126,6 +149,7 @@ class BucketSampler(EpochSampler):
     yielding ``(epoch, batch)`` for :class:`BucketDataset`; its state adds ``"buckets"``."""
 
     orders = ("buckets",)
+    yields_batches = True
 
     def __init__(self, plan: BucketPlan, **kwargs: Any) -> None:
         super().__init__(plan.num_batches, shuffle=True, seed=plan.seed, batch_size=1, **kwargs)
@@ -134,10 +158,12 @@ class BucketSampler(EpochSampler):
     def _epoch_order(self, state: EpochState) -> _BatchOrder:
         return _BatchOrder(self.plan, state.epoch)
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:  # type: ignore[override]
-        epoch = self._state.epoch
-        for batch in super().__iter__():
-            yield epoch, batch
+    def _rank_indices(  # type: ignore[override]
+        self, state: EpochState
+    ) -> Iterator[tuple[int, int]]:
+        """This rank's batches of the epoch, as :class:`BucketDataset` keys."""
+        for batch in super()._rank_indices(state):
+            yield state.epoch, batch
 
     def state_dict(self) -> dict[str, Any]:
         """:meth:`EpochSampler.state_dict` and the plan (for ``StatefulDataLoader``)."""

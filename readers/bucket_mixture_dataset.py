@@ -8,7 +8,9 @@ dataset's (:class:`readers.EpochSampler` over the epoch's batches, ``batch_size=
 bucket, indices)`` (indices of the sources laid end to end) and the DataLoader
 (``batch_size=None``) passes each to :class:`BucketMixtureDataset`, which reads it as one
 :class:`readers.mixture_dataset.MixtureBatch` cropped to the bucket's shape in one decode
-call: batches are ``(images, labels, sources, *fields)``.
+call: batches are ``(images, labels, sources, *fields)``. In the training process
+(``num_workers=0``) each batch is begun one batch early, with its own bucket's crop, as the
+single dataset's are (:mod:`readers.bucket_dataset`, :mod:`readers.batches_ahead`).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
+from readers.batches_ahead import BatchesAhead, Begun
 from readers.bucket_dataset import BucketCrop, BucketLoader
 from readers.dataset import ImageDataset
 from readers.epochs.bucket_mixture import EpochBatches, MixtureBuckets
@@ -43,22 +47,42 @@ __all__ = [
 
 class BucketMixtureDataset(Dataset):
     """``(epoch, bucket, indices)`` -> the :class:`MixtureBatch` of those samples (indices
-    of ``mixture``'s sources laid end to end), cropped to the bucket's shape by ``crop``,
-    the one :class:`BucketCrop` every source was opened with."""
+    of ``mixture``'s sources laid end to end), cropped to the bucket's shape by ``crop``'s
+    :meth:`BucketCrop.for_batch` (``crop``: the one :class:`BucketCrop` every source was
+    opened with)."""
 
     def __init__(self, mixture: MixtureDataset, crop: BucketCrop) -> None:
         if any(d.crop is not crop for d in mixture.datasets.values()):
             raise ValueError("BucketMixtureDataset reads sources opened with its one BucketCrop")
         self.mixture, self.crop = mixture, crop
+        self._ahead = BatchesAhead()
 
     @property
     def datasets(self) -> dict[str, ImageDataset]:
         return self.mixture.datasets
 
-    def __getitem__(self, key: tuple[int, int, np.ndarray]) -> MixtureBatch:
+    def __getitem__(self, key: tuple[int, int, Sequence[int]]) -> MixtureBatch:
+        """Batch ``key``: as begun by :meth:`read_ahead`, else now."""
+        return self._ahead.serve(_key(key), self.begin)
+
+    def read_ahead(self, key: tuple[int, int, Sequence[int]]) -> None:
+        """Begin batch ``key`` now, to serve it when :meth:`__getitem__` asks for it, its
+        crops decoding on the decode threads meanwhile (as
+        :meth:`readers.bucket_dataset.BucketDataset.read_ahead`)."""
+        self._ahead.begin(_key(key), partial(self.begin, ahead=True))
+
+    def begin(self, key: Sequence[Any], ahead: bool = False) -> Begun:
+        """Batch ``key`` begun with its own :class:`BucketCrop` (the bucket and epoch
+        fixed now): :meth:`readers.mixture_dataset.MixtureDataset.begin`."""
         epoch, bucket, indices = key
-        self.crop.select(bucket, epoch)
-        return self.mixture.__getitems__(np.asarray(indices).tolist())
+        crop = self.crop.for_batch(bucket, epoch)
+        return self.mixture.begin(list(indices), ahead, crop)
+
+
+def _key(key: tuple[int, int, Sequence[int]]) -> tuple[int, int, tuple[int, ...]]:
+    """A batch's key with its indices as a tuple of ints (keys compare as tuples)."""
+    epoch, bucket, indices = key
+    return int(epoch), int(bucket), tuple(np.asarray(indices, np.int64).tolist())
 
 
 class BucketMixtureSampler(EpochSampler):
@@ -66,6 +90,7 @@ class BucketMixtureSampler(EpochSampler):
     ``(epoch, bucket, indices)``; its state adds ``"mixture"`` and ``"buckets"``."""
 
     orders = ("mixture-buckets",)
+    yields_batches = True
 
     def __init__(self, plan: MixtureBuckets, reweight: bool = False, **kwargs: Any) -> None:
         self.plan = plan
@@ -130,13 +155,18 @@ class BucketMixtureSampler(EpochSampler):
         return self.plan.epoch(state.epoch)
 
     def __iter__(self) -> Iterator[tuple[int, int, np.ndarray]]:  # type: ignore[override]
-        state = self._state
-        self.num_samples = state.num_samples  # padding positions wrap to this epoch's
+        self.num_samples = self._state.num_samples  # padding positions wrap to this epoch's
+        yield from super().__iter__()
+        self.num_samples = self._state.num_samples
+
+    def _rank_indices(  # type: ignore[override]
+        self, state: EpochState
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
+        """This rank's batches of the epoch, as :class:`BucketMixtureDataset` keys."""
         batches = self.plan.epoch(state.epoch)
-        for batch in super().__iter__():
+        for batch in super()._rank_indices(state):
             bucket, members = batches.batch_at(batch)
             yield state.epoch, bucket, members
-        self.num_samples = self._state.num_samples
 
     def state_dict(self) -> dict[str, Any]:
         """:meth:`EpochSampler.state_dict`, the mixture and the buckets (for

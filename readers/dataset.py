@@ -203,17 +203,19 @@ class ImageDataset(BatchReads, ImageFolderAttributes, Dataset):
         return reader
 
     # --- internals ----------------------------------------------------------------------
-    def _decode(self, value: Any, shard: int, local: int) -> Any:
-        """A stored value of local sample ``local`` of ``shard`` as the image it serves."""
-        if self.crop is None:
+    def _decode(self, value: Any, shard: int, local: int, crop: Crop | None = None) -> Any:
+        """A stored value of local sample ``local`` of ``shard`` as the image it serves
+        (cropped by ``crop``, a batch's own, else by the dataset's)."""
+        crop = self.crop if crop is None else crop
+        if crop is None:
             image = self._to_tensor(value, shard, local)
         else:
-            height, width = self.crop.size
-            if self.crop.channels_last:
+            height, width = crop.size
+            if crop.channels_last:
                 rows = torch.empty((1, height, width, 3), dtype=torch.uint8)
             else:
                 rows = torch.empty((1, 3, height, width), dtype=torch.uint8).permute(0, 2, 3, 1)
-            self._start_crops(self.crop, [(shard, local)], [value], rows).finish()
+            self._start_crops(crop, [(shard, local)], [value], rows).finish()
             image = rows[0].permute(2, 0, 1)
         return self.transform(image) if self.transform is not None else image
 

@@ -12,7 +12,9 @@ a batch's indices): one tensor, by the cheapest path its samples allow.
 A batch is begun (labels, fields and stored values read) and then finished; a batch that
 :class:`readers.Loader` announced ahead (:meth:`BatchReads.read_ahead`) is begun then, its
 decode on the decode threads while the training thread goes on
-(:mod:`readers.batches_ahead`). A mixin of :class:`readers.ImageDataset`.
+(:mod:`readers.batches_ahead`). :meth:`BatchReads.begin` takes the crop of the batch, where
+it is not the dataset's: a bucket loader's batches each have their bucket's
+(:mod:`readers.bucket_dataset`). A mixin of :class:`readers.ImageDataset`.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class BatchReads(StoredReads):
     _pool: DecodePool
     _ahead: BatchesAhead
 
-    def _decode(self, value: Any, shard: int, local: int) -> Any:
+    def _decode(self, value: Any, shard: int, local: int, crop: Crop | None = None) -> Any:
         raise NotImplementedError
 
     def _to_tensor(self, value: Any, shard: int, local: int) -> torch.Tensor:
@@ -63,8 +65,7 @@ class BatchReads(StoredReads):
         of one size by the kernel (:mod:`readers.images.whole`), else a threaded decode.
         Images of differing shapes come back as a list; the fields chosen ride beside. A
         batch announced by :meth:`read_ahead` is served as begun then."""
-        begun = self._ahead.take(indices)
-        return (begun or self._begin(indices)).finish()
+        return self._ahead.serve(indices, self.begin)
 
     def read_ahead(self, indices: Sequence[int]) -> None:
         """Begin the batch ``indices`` now, to serve it when :meth:`__getitems__` asks for
@@ -72,23 +73,25 @@ class BatchReads(StoredReads):
         ``crop=``) on the decode threads while this thread goes on
         (:mod:`readers.batches_ahead`; :class:`readers.Loader` announces its batches so in
         the training process)."""
-        self._ahead.begin(indices, partial(self._begin, ahead=True))
+        self._ahead.begin(indices, partial(self.begin, ahead=True))
 
-    def _begin(self, indices: Sequence[int], ahead: bool = False) -> Begun:
+    def begin(self, indices: Sequence[int], ahead: bool = False, crop: Crop | None = None) -> Begun:
         """The batch ``indices`` begun: its labels, fields and stored values read, and with
         ``ahead`` the kernel's decode (whole or cropped) started on the decode threads
-        alone; the rest of the work is done by ``finish()``."""
+        alone; the rest of the work is done by ``finish()``. ``crop``: this batch's, in
+        place of the dataset's own (a bucket's shape: :mod:`readers.bucket_dataset`)."""
+        crop = self.crop if crop is None else crop
         located = [self.locate(i) for i in indices]
         labels = torch.tensor([int(self.shard(s).labels[k]) for s, k in located])
         fields = self._fields_of(located)
         batch = partial(SampleBatch, labels=labels, field_values=fields, specs=self.field_specs)
         if not located:
             return Begun(partial(batch, []))
-        if self.crop is not None and self.transform is None:
-            shape = (len(located), 3, *self.crop.size)
-            images = new_batch(shape, torch.uint8, channels_last=self.crop.channels_last)
+        if crop is not None and self.transform is None:
+            shape = (len(located), 3, *crop.size)
+            images = new_batch(shape, torch.uint8, channels_last=crop.channels_last)
             rows = images.permute(0, 2, 3, 1)
-            crops = self._start_crops(self.crop, located, None, rows, ahead)
+            crops = self._start_crops(crop, located, None, rows, ahead)
 
             def cropped() -> SampleBatch:
                 crops.finish()
@@ -100,7 +103,7 @@ class BatchReads(StoredReads):
             return Begun(lambda: batch(self._gathered(layout.shape, located)))
         values = self._read_located(located)
         whole = None
-        if self.decode and self.crop is None:
+        if self.decode and crop is None:
             whole = self._start_whole(values, located, ahead)
 
         def finish() -> SampleBatch:
@@ -110,7 +113,7 @@ class BatchReads(StoredReads):
 
             def load(row: int) -> Any:
                 if images is None:
-                    return self._decode(values[row], *located[row])
+                    return self._decode(values[row], *located[row], crop)
                 return self.transform(images[row])  # type: ignore[misc]
 
             return batch(stack_images(load, len(located), self._map))

@@ -94,18 +94,18 @@ class MixtureDataset(Dataset):
         the names). With ``crop=`` every source's samples are decoded in one call, straight
         into the batch (a call per source costs each its own wait for the decode threads).
         A batch announced by :meth:`read_ahead` is served as begun then."""
-        begun = self._ahead.take(indices)
-        return (begun or self._begin(indices)).finish()
+        return self._ahead.serve(indices, self.begin)
 
     def read_ahead(self, indices: Sequence[int]) -> None:
         """Begin the batch ``indices`` now, its crops decoding on the decode threads while
         this thread goes on, as :meth:`readers.ImageDataset.read_ahead` does."""
-        self._ahead.begin(indices, partial(self._begin, ahead=True))
+        self._ahead.begin(indices, partial(self.begin, ahead=True))
 
-    def _begin(self, indices: Sequence[int], ahead: bool = False) -> Begun:
+    def begin(self, indices: Sequence[int], ahead: bool = False, crop: Crop | None = None) -> Begun:
         """The batch ``indices`` begun: with ``crop=``, every source's stored samples read
         and their crops started (on the decode threads alone with ``ahead``); else read
-        whole by ``finish()``."""
+        whole by ``finish()``. ``crop``: this batch's, in place of the sources' own (a
+        bucket's shape: :mod:`readers.bucket_mixture_dataset`)."""
         source, local = self._split(np.asarray(indices, np.int64))
         grouped = np.argsort(source, kind="stable")
         source, local = source[grouped], local[grouped]
@@ -116,6 +116,7 @@ class MixtureDataset(Dataset):
             if lo < hi
         ]
         first = self.datasets[self.names[0]]
+        cropping = first.crop if crop is None else crop  # one decode call: the first's
         sources = torch.from_numpy(source.astype(np.int64))
 
         def batch(images: Any, labels: torch.Tensor, columns: list[Any]) -> MixtureBatch:
@@ -124,9 +125,10 @@ class MixtureDataset(Dataset):
             ]
             return MixtureBatch(images, labels, sources, fields, first.field_specs)
 
-        if first.crop is not None and first.transform is None and parts:
+        if cropping is not None and first.transform is None and parts:
             stored = [dataset.stored_batch(rows) for dataset, rows in parts]
-            images, crops = self._start_crops(first, stored, self.offsets[source] + local, ahead)
+            mixed = self.offsets[source] + local
+            images, crops = self._start_crops(cropping, first, stored, mixed, ahead)
             labels = torch.cat([s.labels for s in stored])
             columns = [s.field_values for s in stored]
 
@@ -136,8 +138,8 @@ class MixtureDataset(Dataset):
 
             return Begun(cropped, crops.settle)
 
-        def whole() -> MixtureBatch:
-            batches = [dataset.__getitems__(rows) for dataset, rows in parts]
+        def whole() -> MixtureBatch:  # each source's own crop, unless the batch has one
+            batches = [dataset.begin(rows, crop=crop).finish() for dataset, rows in parts]
             images = _joined([b.images for b in batches])
             labels = torch.cat([b.labels for b in batches]) if batches else torch.empty(0).long()
             return batch(images, labels, [b.field_values for b in batches])
@@ -145,13 +147,16 @@ class MixtureDataset(Dataset):
         return Begun(whole)
 
     def _start_crops(
-        self, first: ImageDataset, stored: list[StoredBatch], indices: np.ndarray, ahead: bool
+        self,
+        crop: Crop,
+        first: ImageDataset,
+        stored: list[StoredBatch],
+        indices: np.ndarray,
+        ahead: bool,
     ) -> tuple[torch.Tensor, CropsUnderWay]:
-        """The sources' crops begun in one batch tensor, one kernel call per decode thread
-        (``ahead``: as :func:`readers.images.fused.start_crops`): the random crops drawn by
-        each sample's index in the mixture (sources laid end to end)."""
-        crop = first.crop
-        assert crop is not None
+        """The sources' ``crop`` s begun in one batch tensor, one kernel call per decode
+        thread (``ahead``: as :func:`readers.images.fused.start_crops`): the random crops
+        drawn by each sample's index in the mixture (sources laid end to end)."""
         shape = (len(indices), 3, *crop.size)
         images = new_batch(shape, torch.uint8, channels_last=crop.channels_last)
         starts = list(accumulate((len(s.values) for s in stored), initial=0))

@@ -4,6 +4,7 @@ noise, which codecs and resizers treat unlike real images)."""
 from __future__ import annotations
 
 import io
+import math
 import random
 from functools import cache
 from pathlib import Path
@@ -12,7 +13,7 @@ import numpy as np
 import skimage.data
 from PIL import Image
 
-__all__ = ["encode", "photo_crop", "photo_folder"]
+__all__ = ["captioned_photos", "encode", "photo_crop", "photo_folder"]
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 
@@ -50,4 +51,22 @@ def photo_folder(src: Path, images: int, height: int, width: int, classes: int =
         (folder / f"img{i:04d}.jpg").write_bytes(
             encode(photo_crop(height, width, seed=i), quality=92)
         )
+    return src
+
+
+def captioned_photos(src: Path, name: str, n: int, seed: int) -> Path:
+    """``n`` class folders of one photo each, about 150x150 at aspects 0.4 to 2.5, with a
+    ``txt`` sidecar ``"<name> <index>"``; every fifth a PNG."""
+    rng = random.Random(seed)
+    for i in range(n):
+        aspect = math.exp(rng.uniform(math.log(0.4), math.log(2.5)))
+        h, w = round(150 / math.sqrt(aspect)), round(150 * math.sqrt(aspect))
+        folder = src / f"c{i:02d}"
+        folder.mkdir(parents=True)
+        pixels = photo_crop(h, w, seed=seed + i)
+        if i % 5 == 4:
+            (folder / "img.png").write_bytes(encode(pixels, "PNG"))
+        else:
+            (folder / "img.jpg").write_bytes(encode(pixels, quality=90))
+        (folder / "img.txt").write_text(f"{name} {i}", encoding="utf-8")
     return src

@@ -14,8 +14,6 @@ JPEG, lmdb); each photo its own class, so that a label names its sample, and a c
 from __future__ import annotations
 
 import itertools
-import math
-import random
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from readers.bucket_mixture_dataset import BucketMixtureLoader, make_bucket_mixt
 from readers.epochs.buckets import AspectBuckets
 from readers.epochs.mixture import largest_remainder
 from readers.mixture_dataset import make_mixture_loader, mixture_collate
-from tests.photos import encode, photo_crop
+from tests.photos import captioned_photos
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -41,24 +39,6 @@ BUCKETS = AspectBuckets.around(area=64 * 64, step=8, max_ratio=2.0)
 LENGTHS = {"a": 37, "b": 23}
 SCHEDULE = [(0, {"a": 2, "b": 1}), (1, {"a": 1, "b": 3})]  # a step at epoch 1
 EPOCH = 30  # slots an epoch: a 20 + b 10, then a 8 + b 22 (largest remainder, tie to a)
-
-
-def captioned_photos(src: Path, name: str, n: int, seed: int) -> Path:
-    """``n`` class folders of one photo each, about 150x150 at aspects 0.4 to 2.5, with a
-    ``txt`` sidecar ``"<name> <index>"``; every fifth a PNG."""
-    rng = random.Random(seed)
-    for i in range(n):
-        aspect = math.exp(rng.uniform(math.log(0.4), math.log(2.5)))
-        h, w = round(150 / math.sqrt(aspect)), round(150 * math.sqrt(aspect))
-        folder = src / f"c{i:02d}"
-        folder.mkdir(parents=True)
-        pixels = photo_crop(h, w, seed=seed + i)
-        if i % 5 == 4:
-            (folder / "img.png").write_bytes(encode(pixels, "PNG"))
-        else:
-            (folder / "img.jpg").write_bytes(encode(pixels, quality=90))
-        (folder / "img.txt").write_text(f"{name} {i}", encoding="utf-8")
-    return src
 
 
 @pytest.fixture(scope="module")

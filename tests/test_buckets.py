@@ -248,8 +248,8 @@ def test_crops_equal_between_the_kernel_and_the_python_path_and_near_pillows(pho
         stored = tmp_path / f"{i}.img"
         stored.write_bytes(bytes(ds.stored(i)))
         size = tuple(fast[i].shape[1:])
-        crop.select(BUCKETS.sizes.index(size), 0)
-        box = crop.boxes(ds.sizes[i : i + 1], np.array([i]))[0]
+        chosen = crop.for_batch(BUCKETS.sizes.index(size), 0)
+        box = chosen.boxes(ds.sizes[i : i + 1], np.array([i]))[0]
         for diffs, reference in (
             (exact, cover_crop(stored, size)),
             (same_box, cover_crop(stored, size, box)),

@@ -127,12 +127,12 @@ class Loader:
     def _start_source(self, state: EpochState) -> None:
         """Hand ``state`` to the sampler or stream before the DataLoader iterates: the one
         path by which the epoch reaches the order, the stream's workers and, through the
-        source's iteration, the dataset's random crops. A sampler announces each batch to
-        a dataset read in this process (none in workers), which begins it one batch early
-        (:mod:`readers.batches_ahead`)."""
+        source's iteration, the dataset's random crops. A sampler announces each batch (a
+        bucket loader's: its key) to a dataset read in this process (none in workers),
+        which begins it one batch early (:mod:`readers.batches_ahead`)."""
         if isinstance(self.source, EpochSampler):
             loader = self.dataloader
-            same_batches = loader.batch_size == self.source.batch_size
+            same_batches = loader.batch_size == self.source.loader_batch_size
             here = loader.num_workers == 0 and same_batches
             self.source.read_ahead = getattr(loader.dataset, "read_ahead", None) if here else None
         if self.source.reset(state) and self.dataloader.persistent_workers:

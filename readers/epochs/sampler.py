@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence, Sized
 from itertools import islice
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -53,6 +53,9 @@ class EpochSampler(EpochSource, Sampler[int]):
     """
 
     orders = tuple(MAP_ORDERS)  # "feistel" for a new run, "permutation" for version 1 states
+    # each index yielded is a whole batch's key, read by one dataset[key] (a DataLoader
+    # with batch_size=None: the bucket loaders); else a sample's, batch_size to a batch
+    yields_batches: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -82,9 +85,10 @@ class EpochSampler(EpochSource, Sampler[int]):
         self._state = self.start_state(0)
         self._yielded = 0  # by the current iterator, on this rank
         self._order: MapOrder | None = None  # of the last epoch iterated (a permutation's cache)
-        # told each batch's indices one batch before they are yielded (readers.Loader sets
-        # it in the training process: the dataset begins the batch then)
-        self.read_ahead: Callable[[list[int]], None] | None = None
+        # told each batch's indices (with yields_batches, its key) one batch before they are
+        # yielded (readers.Loader sets it in the training process: the dataset begins the
+        # batch then)
+        self.read_ahead: Callable[[Any], None] | None = None
         # the dataset's set_epoch (its random crops): told the epoch each iteration reads
         self.tell_epoch: Callable[[int], None] | None = getattr(data, "set_epoch", None)
 
@@ -96,13 +100,19 @@ class EpochSampler(EpochSource, Sampler[int]):
     def __len__(self) -> int:
         return self.split().per_rank
 
+    @property
+    def loader_batch_size(self) -> int | None:
+        """The DataLoader's ``batch_size`` over this sampler: :attr:`batch_size`, or None
+        where each index is a whole batch (:attr:`yields_batches`)."""
+        return None if self.yields_batches else self.batch_size
+
     def __iter__(self) -> Iterator[int]:
         state, self._yielded = self._state, 0
         if self.tell_epoch is not None:  # in the training process, before any index is out
             self.tell_epoch(state.epoch)
         indices = self._rank_indices(state)
         if self.read_ahead is not None:
-            indices = announced(indices, self.batch_size, self.read_ahead)
+            indices = announced(indices, self.loader_batch_size, self.read_ahead)
         for index in indices:
             self._yielded += 1
             yield index
@@ -176,14 +186,15 @@ def selected_indices(indices: Sequence[int] | np.ndarray, size: int) -> np.ndarr
 
 
 def announced(
-    indices: Iterator[int], batch_size: int, announce: Callable[[list[int]], None]
-) -> Iterator[int]:
+    indices: Iterator[Any], batch_size: int | None, announce: Callable[[Any], None]
+) -> Iterator[Any]:
     """``indices``, each batch of ``batch_size`` of them (as the DataLoader cuts them)
     passed to ``announce`` one batch before its first index is yielded: when the DataLoader
-    asks for batch ``k``, batch ``k + 1`` is begun (:mod:`readers.batches_ahead`)."""
-    waiting: deque[list[int]] = deque()
-    while batch := list(islice(indices, batch_size)):
-        announce(batch)
+    asks for batch ``k``, batch ``k + 1`` is begun (:mod:`readers.batches_ahead`). With
+    ``batch_size`` None each index is a batch's key (a bucket loader's), announced as is."""
+    waiting: deque[list[Any]] = deque()
+    while batch := list(islice(indices, 1 if batch_size is None else batch_size)):
+        announce(batch[0] if batch_size is None else batch)
         waiting.append(batch)
         if len(waiting) > 1:
             yield from waiting.popleft()
