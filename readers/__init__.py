@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what type checkers see; at run time each name is imported on first use
     from readers.batch import Sample, SampleBatch, collate, collate_any
     from readers.bucket_dataset import BucketLoader
+    from readers.bucket_mixture_dataset import BucketMixtureLoader
     from readers.dataset import (
         DATASETS,
         Hdf5Dataset,
@@ -73,6 +74,7 @@ _EXPORTS = {
     "WdsDataset": "readers.dataset",
     "open_dataset": "readers.dataset",
     "BucketLoader": "readers.bucket_dataset",
+    "BucketMixtureLoader": "readers.bucket_mixture_dataset",
     "AspectBuckets": "readers.epochs.buckets",
     "make_loader": "readers.epochs.loader",
     "Loader": "readers.epochs.loading",
@@ -100,6 +102,7 @@ __all__ = [
     "DATASETS",
     "AspectBuckets",
     "BucketLoader",
+    "BucketMixtureLoader",
     "CenterCrop",
     "Crop",
     "DatasetError",

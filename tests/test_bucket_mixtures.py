@@ -70,6 +70,7 @@ def mixed(paths: dict[str, Path], batch_size: int = 4, **kw: Any) -> BucketMixtu
     options = {"weights": SCHEDULE, "epoch_size": EPOCH, "seed": 3, **kw}
     loader = readers.make_loader(paths, batch_size, buckets=BUCKETS, **options)
     assert isinstance(loader, BucketMixtureLoader)
+    assert readers.BucketMixtureLoader is BucketMixtureLoader  # the public name
     assert isinstance(loader, readers.MixtureLoader) and isinstance(loader, readers.BucketLoader)
     return loader
 
