@@ -157,7 +157,10 @@ class TileFont:
     """The tiles' text: ``primary`` (DejaVu Sans) for every character it has, each other
     one in the first of ``candidates()`` (installed fonts, looked through only when a
     character needs it) that has it, at the same size. Characters no font has are drawn
-    in ``primary`` (a box) and kept in :attr:`missing` for :meth:`warn_missing`."""
+    in ``primary`` (a box) and kept in :attr:`missing` for :meth:`warn_missing`. A
+    character Python does not count as printable (a control, private-use or unassigned
+    code point, whose glyph, where a font has one, means something else in each font) is
+    drawn in ``primary`` without asking another font, and is not named as missing."""
 
     def __init__(
         self,

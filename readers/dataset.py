@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 from readers.batches_ahead import BatchesAhead
 from readers.dataset_batches import BatchReads
 from readers.dataset_reads import chosen_fields
-from readers.formats import ShardOpener, ShardReader, open_local_shard
+from readers.formats import ShardOpener, ShardReader, open_checked, open_local_shard
 from readers.imagefolder import ImageFolderAttributes
 from readers.images.crop import Crop
 from readers.images.decode import decode_image
@@ -192,14 +192,7 @@ class ImageDataset(BatchReads, ImageFolderAttributes, Dataset):
             self._shards, self._pid = {}, pid
         reader = self._shards.get(index)
         if reader is None:
-            expected = self.manifest.shards[index]
-            reader = self.opener(self.manifest, index)
-            if len(reader.labels) != expected.samples:
-                raise DatasetError(
-                    f"{self.manifest.location.where(expected.path)}: shard {index} holds "
-                    f"{len(reader.labels)} samples but the manifest says {expected.samples}"
-                )
-            self._shards[index] = reader
+            reader = self._shards[index] = open_checked(self.opener, self.manifest, index)
         return reader
 
     # --- internals ----------------------------------------------------------------------

@@ -2,7 +2,8 @@
 (:meth:`StoredReads.read_stored`), its schema (:attr:`StoredReads.fields`, issue 30), the
 fields chosen with ``fields=`` (:meth:`StoredReads.read_fields`), every sample's stored image
 size (:attr:`StoredReads.sizes`) and the metadata table (:meth:`StoredReads.metadata`,
-built by :mod:`readers.metadata`).
+built by :mod:`readers.metadata`); the last two read each shard that
+:meth:`StoredReads.each_shard` opens, a remote ``wds`` tar by byte ranges.
 
 A mixin of :class:`readers.ImageDataset`, as :mod:`readers.imagefolder` is. Each read goes
 shard by shard in ascending order (:func:`by_shard`); field values come from each shard's
@@ -12,7 +13,7 @@ checked, and never through the images.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
 from itertools import groupby
@@ -24,10 +25,10 @@ import torch
 
 from readers.batch import Sample
 from readers.fields import FieldSpec
-from readers.formats import ShardReader
+from readers.formats import FORMAT_READERS, ShardReader, open_by_ranges, open_checked
 from readers.formats.field_columns import FieldColumn
 from readers.manifest import Manifest
-from readers.spec import DatasetError
+from readers.spec import SIZES_VERSION, DatasetError
 
 if TYPE_CHECKING:
     import pyarrow
@@ -113,11 +114,36 @@ class StoredReads:
     def sizes(self) -> np.ndarray:
         """int64 ``[N, 2]``: every sample's stored (height, width), in index order, from
         the sizes the shards record (version 1 shards: from their images' headers). Read
-        once per dataset object, on first use; every shard is opened."""
-        shards = [self.shard(k).sizes() for k in range(len(self.manifest.shards))]
+        once per dataset object, on first use, shard by shard as :meth:`each_shard` opens
+        them: a ``wds`` dataset in object storage from its tars' indexes alone (no tar
+        copied into the cache); a remote ``pt``, ``hdf5`` or ``lmdb`` dataset, or one of
+        version 1, has every shard copied into the cache, as its first read would."""
+        shards = [shard.sizes() for shard in self.each_shard()]
         if not shards:
             return np.empty((0, 2), dtype=np.int64)
         return np.ascontiguousarray(np.concatenate(shards), dtype=np.int64)
+
+    def each_shard(self) -> Iterator[ShardReader]:
+        """Every shard's reader, in order, for one pass over what the shards record beside
+        the images (labels, sizes, fields), as :attr:`sizes` and :meth:`metadata` make.
+
+        A dataset in object storage whose format reads by byte ranges
+        (:func:`readers.formats.open_by_ranges`: ``wds``) and records its sizes (format
+        version 2, :data:`readers.spec.SIZES_VERSION`) is read so: each shard's index, then
+        only the members asked for, never a copy of a shard; these readers serve the pass
+        only (a later pass reads the indexes again). Any other shard is :meth:`shard`'s
+        (kept open; a remote one copied into the cache once): a version 1 tar's sizes come
+        from its images, which one copy of the tar fetches in fewer requests than a range
+        each.
+        """
+        manifest = self.manifest
+        in_place = (
+            manifest.location.remote is not None
+            and FORMAT_READERS[manifest.format].ranged is not None
+            and manifest.format_version >= SIZES_VERSION
+        )
+        for k in range(len(manifest.shards)):
+            yield open_checked(open_by_ranges, manifest, k) if in_place else self.shard(k)
 
     def metadata(self, columns: Sequence[str] | None = None) -> pyarrow.Table:
         """A ``pyarrow.Table`` of every sample's ``index``, ``label``, ``height``, ``width``

@@ -26,13 +26,13 @@ names a field). bytes and array fields are not columns.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from readers.fields import SCALAR_KINDS, FieldSpec
-from readers.formats import FORMAT_READERS, ShardReader
+from readers.formats import ShardReader
 from readers.formats.field_columns import BlobColumn, FieldColumn, ScalarColumn
 from readers.manifest import Manifest
 from readers.spec import DatasetError
@@ -54,7 +54,7 @@ class Dataset(Protocol):
     @property
     def fields(self) -> Mapping[str, FieldSpec]: ...
 
-    def shard(self, index: int) -> ShardReader: ...
+    def each_shard(self) -> Iterator[ShardReader]: ...
 
 
 def _pyarrow() -> Any:
@@ -99,9 +99,10 @@ def metadata_table(ds: Dataset, columns: Sequence[str] | None = None) -> pyarrow
     """The metadata table of dataset ``ds`` (see the module's docstring): its fields
     ``columns`` (None: all of the kinds a column holds).
 
-    The shards are read one after another, each column a chunk a shard copied out of it,
-    and each shard's mapped pages let go before the next (a million samples' shards do
-    not stay resident beside the table).
+    The shards are read one after another as ``ds.each_shard()`` opens them (a ``wds``
+    tar in object storage by byte ranges, never copied into the cache), each column a
+    chunk a shard copied out of it, and each shard's mapped pages let go before the next
+    (a million samples' shards do not stay resident beside the table).
 
     Raises:
         ImportError: pyarrow is not installed (saying how to install it).
@@ -113,9 +114,7 @@ def metadata_table(ds: Dataset, columns: Sequence[str] | None = None) -> pyarrow
     names = metadata_columns(schema, columns, ds.manifest.location)
     base: dict[str, list[Any]] = {"label": [], "height": [], "width": []}
     chunks: dict[str, list[Any]] = {name: [] for name in names}
-    open_shard = _shard_opener(ds)
-    for k in range(len(ds.manifest.shards)):
-        shard = open_shard(k)
+    for k, shard in enumerate(ds.each_shard()):
         sizes = shard.sizes()
         base["label"].append(_numbers(pa, pa.int64(), shard.labels))
         base["height"].append(_numbers(pa, pa.int64(), sizes[:, 0]))
@@ -139,28 +138,6 @@ def metadata_table(ds: Dataset, columns: Sequence[str] | None = None) -> pyarrow
             chunks[name], type=arrow_type
         )
     return pa.table(table)
-
-
-def _shard_opener(ds: Dataset) -> Callable[[int], ShardReader]:
-    """How the table reads shard ``k``: a shard in object storage whose format reads by
-    byte ranges (``wds``: its index, then its text members in merged requests) without a
-    copy in the cache; any other through the dataset (a remote one copied once)."""
-    manifest = ds.manifest
-    remote, ranged = manifest.location.remote, FORMAT_READERS[manifest.format].ranged
-    if remote is None or ranged is None:
-        return ds.shard
-
-    def by_ranges(k: int) -> ShardReader:
-        info = manifest.shards[k]
-        shard = ranged(remote, info.path, info.bytes, manifest.layout)
-        if len(shard.labels) != info.samples:
-            raise DatasetError(
-                f"{remote.url_of(info.path)}: shard {k} holds {len(shard.labels)} samples but "
-                f"the manifest says {info.samples}"
-            )
-        return shard
-
-    return by_ranges
 
 
 def _column(ds: Dataset, k: int, shard: Any, name: str) -> FieldColumn:

@@ -25,6 +25,7 @@ __all__ = [
     "FORMATS",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "SIZES_VERSION",
     "UNLABELED",
     "DatasetError",
     "Layout",
@@ -43,6 +44,7 @@ __all__ = [
 # 2: sample fields (readers.fields) and every sample's stored image size. Datasets of
 # version 1 have neither and read as before (their sizes come from the stored images).
 FORMAT_VERSION = 2
+SIZES_VERSION = 2  # the first version whose shards record every sample's stored size
 MANIFEST_NAME = "imgpack.json"
 FORMATS = ("pt", "hdf5", "lmdb", "wds")
 ENCODINGS = ("raw", "jpeg", "original")

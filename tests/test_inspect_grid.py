@@ -9,7 +9,9 @@ import logging
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 import matplotlib
 import numpy as np
@@ -28,15 +30,23 @@ from convert.inspection import (
     contact_sheet,
     fit_label,
 )
+from convert.tile_text import installed_fonts
 
 BACKGROUND, INK = (32, 32, 32), (240, 240, 240)  # the sheet's and its labels' colours
-NOTDEF = "\ue000"  # a private-use character: no font has it, each draws its missing glyph
+# A private-use character. Some fonts have one (STIX, which matplotlib ships; icon fonts),
+# but its glyph means something else in each, and TileFont asks no other font for a
+# character Python does not count as printable: DejaVu Sans draws its missing glyph.
+NOTDEF = "\ue000"
+
+
+def mpl_font(name: str) -> Path:
+    """A font file matplotlib ships."""
+    return Path(matplotlib.get_data_path(), "fonts", "ttf", name)
 
 
 def dejavu_sans() -> ImageFont.FreeTypeFont:
     """The font the labels must be in, found through matplotlib itself."""
-    path = Path(matplotlib.get_data_path(), "fonts", "ttf", "DejaVuSans.ttf")
-    return ImageFont.truetype(str(path), LABEL_FONT_SIZE)
+    return ImageFont.truetype(str(mpl_font("DejaVuSans.ttf")), LABEL_FONT_SIZE)
 
 
 def class_folder(root: Path, names: list[str], per_class: int = 1, size: int = 24) -> Path:
@@ -70,7 +80,36 @@ def rendered(text: str, font: ImageFont.FreeTypeFont, width: int) -> np.ndarray:
     return ink(np.asarray(strip))
 
 
-def test_greek_cyrillic_and_accented_class_names_are_drawn_in_real_glyphs(tmp_path):
+def fonts_seen(monkeypatch: pytest.MonkeyPatch, folder: Path, fonts: Sequence[Path]) -> None:
+    """Make ``fonts`` the installed fonts the grid finds (``installed_fonts``), whatever
+    this machine has: ``fc-list`` reads a fontconfig file whose one font folder holds
+    copies of them, and matplotlib's search (where there is no ``fc-list``) ignores the
+    system's fonts (so sees none)."""
+    folder.mkdir()
+    for font in fonts:
+        shutil.copy(font, folder / font.name)
+    config = folder.parent / "fonts.conf"
+    config.write_text(
+        '<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n'
+        f"<fontconfig><dir>{escape(str(folder))}</dir>"
+        f"<cachedir>{escape(str(folder.parent / 'fontconfig-cache'))}</cachedir></fontconfig>\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("FONTCONFIG_FILE", str(config))
+    monkeypatch.setenv("MPL_IGNORE_SYSTEM_FONTS", "1")
+    seen = [folder / font.name for font in fonts] if shutil.which("fc-list") else []
+    assert installed_fonts() == sorted(seen)
+
+
+@pytest.mark.parametrize(
+    "fonts",
+    [(), ("STIXNonUni.ttf",)],  # no font with U+E000; one that has it
+    ids=["none", "one-with-U+E000"],
+)
+def test_greek_cyrillic_and_accented_class_names_are_drawn_in_real_glyphs(
+    tmp_path, monkeypatch, fonts
+):
+    fonts_seen(monkeypatch, tmp_path / "fonts", [mpl_font(name) for name in fonts])
     words, letters = ["Жёлтый", "λύκος", "café", "Ærø"], ["Ж", "λ", "é", NOTDEF]
     root = class_folder(tmp_path / "folder", words + letters)
     sheet = contact_sheet(root, tmp_path / "sheet.png", per_class=1, tile=64)

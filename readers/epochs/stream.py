@@ -30,7 +30,7 @@ from readers.epochs.order import BlockOrder
 from readers.epochs.ranges import take, total, wrapped
 from readers.epochs.state import EpochSource, EpochState, require_full_batches
 from readers.fields import FieldSpec
-from readers.formats import RangedWdsShard, ShardReader, open_local_shard
+from readers.formats import open_by_ranges
 from readers.images.crop import Crop
 from readers.manifest import Manifest
 from readers.placement import Placement, current_worker, visible_world_size
@@ -314,13 +314,3 @@ class WdsStream(EpochSource, IterableDataset):
                 UserWarning,
                 stacklevel=3,
             )
-
-
-def open_by_ranges(manifest: Manifest, index: int) -> ShardReader:
-    """The stream's shard opener: a remote tar read by byte ranges through its index (no
-    copy in the cache), a local one as every reader opens it."""
-    remote = manifest.location.remote
-    if remote is None:
-        return open_local_shard(manifest, index)
-    info = manifest.shards[index]
-    return RangedWdsShard(remote, info.path, info.bytes, manifest.layout)

@@ -4,7 +4,8 @@ Each module documents its format's layout on disk (the names are :mod:`readers.s
 and defines one :class:`ShardReader`, built as ``reader(path, layout)`` from a local
 file; ``wds`` also reads remote tars by byte ranges (:class:`RangedWdsShard`). Nothing
 here knows about datasets, epochs or ``torch.utils.data``: :mod:`readers.dataset` opens
-shards through :data:`SHARD_READERS`.
+shards through a :data:`ShardOpener` (:func:`open_local_shard`, :func:`open_by_ranges`),
+checked by :func:`open_checked`.
 
 :data:`FORMAT_READERS` is the read side's one registration of a format (the ids are
 ``readers.spec.FORMATS``): :data:`SHARD_READERS` and :data:`STREAM_FORMATS` are read from it.
@@ -21,7 +22,7 @@ from readers.formats.pt import PtShard
 from readers.formats.reader import ShardReader
 from readers.formats.wds import RangedWdsShard, WdsShard
 from readers.manifest import Manifest
-from readers.spec import Layout
+from readers.spec import DatasetError, Layout
 from readers.storage.remote import RemoteFolder
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "RangedWdsShard",
     "ShardOpener",
     "ShardReader",
+    "open_by_ranges",
+    "open_checked",
     "open_local_shard",
 ]
 
@@ -69,3 +72,31 @@ def open_local_shard(manifest: Manifest, index: int) -> ShardReader:
     cache), its size checked, opened by the format's reader."""
     path = manifest.location.shard_file(manifest.shards[index], index)
     return SHARD_READERS[manifest.format](str(path), manifest.layout)
+
+
+def open_by_ranges(manifest: Manifest, index: int) -> ShardReader:
+    """A :data:`ShardOpener` that copies no shard it can read in place: a shard in object
+    storage whose format reads by byte ranges (:attr:`FormatReader.ranged`: ``wds``) is
+    read so, through its index; any other as :func:`open_local_shard` opens it (a remote
+    one copied into the cache first)."""
+    remote, ranged = manifest.location.remote, FORMAT_READERS[manifest.format].ranged
+    if remote is None or ranged is None:
+        return open_local_shard(manifest, index)
+    info = manifest.shards[index]
+    return ranged(remote, info.path, info.bytes, manifest.layout)
+
+
+def open_checked(opener: ShardOpener, manifest: Manifest, index: int) -> ShardReader:
+    """Shard ``index`` opened by ``opener``, checked to hold the manifest's sample count.
+
+    Raises:
+        readers.DatasetError: naming the shard's file or URL, when its count differs.
+    """
+    expected = manifest.shards[index]
+    reader = opener(manifest, index)
+    if len(reader.labels) != expected.samples:
+        raise DatasetError(
+            f"{manifest.location.where(expected.path)}: shard {index} holds "
+            f"{len(reader.labels)} samples but the manifest says {expected.samples}"
+        )
+    return reader
