@@ -27,7 +27,7 @@ demo: setup
 	$(BIN)/python scripts/demo.py
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25  # the slowest tests named, to keep the suite quick
 	@# the crop path again without the compiled kernel: the fallback must stay correct too
 	IMGPACK_KERNEL=0 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_crop.py \
 		tests/test_crop_large.py tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py tests/test_crc.py

@@ -19,6 +19,7 @@ medians quoted:
   (:mod:`scripts.bench.metadata_rate`), three runs.
 
     .venv/bin/python -m scripts.bench.fields --folder bench-data/folder --rounds 5 [--json F]
+        [--sections convert,read,metadata]
 
 Targets: reads without ``fields=`` >= 0.97x, with ``fields=("txt",)`` >= 0.9x, conversion
 with fields >= 0.95x (tars and Parquet alike); ``metadata()`` of 1 M samples under 2 s and 300 MB.
@@ -158,6 +159,19 @@ def interleaved(named: dict[str, tuple[str, list[str]]], rounds: int) -> dict[st
     return rates
 
 
+SECTIONS = ("convert", "read", "metadata")
+# ratio -> (numerator, denominator), contenders' names
+RATIOS = {
+    "conversion with fields / --no-fields": ("convert, fields", "convert, --no-fields"),
+    "parquet conversion with fields / --no-fields": (
+        "convert parquet, fields",
+        "convert parquet, --no-fields",
+    ),
+    "read without fields= / no fields stored": ("read, fields stored", "read, no fields stored"),
+    "read fields=txt / no fields stored": ("read, fields=txt", "read, no fields stored"),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--folder", type=Path, default=FOLDER, help="the benchmark folder")
@@ -165,7 +179,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--metadata-samples", type=int, default=1_000_000)
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument(
+        "--sections",
+        type=lambda text: text.split(","),
+        default=list(SECTIONS),
+        help=f"comma-separated, of {','.join(SECTIONS)} (default: all)",
+    )
     args = parser.parse_args()
+    if unknown := set(args.sections) - set(SECTIONS):
+        parser.error(f"--sections: no section {', '.join(sorted(unknown))}")
     info = machine_info()
     print_machine(info)
     work = args.work.resolve()
@@ -177,8 +199,9 @@ def main() -> None:
     without = str(convert(tars, work / "fields-none-pt", fields=(), **geometry))
 
     crop = ["--resize", str(RESIZE), "--center-crop", str(CROP)]
-    conversion = interleaved(
-        {
+    read = ["--reader", "make-loader", "--crop", "none"]
+    sections = {
+        "convert": {
             "convert, fields": ("convert_rate", ["--folder", str(tars), *crop]),
             "convert, --no-fields": ("convert_rate", ["--folder", str(tars), *crop, "--no-fields"]),
             "convert parquet, fields": ("convert_rate", ["--folder", str(parquet), *crop]),
@@ -187,39 +210,34 @@ def main() -> None:
                 ["--folder", str(parquet), *crop, "--no-fields"],
             ),
         },
-        args.rounds,
-    )
-    read = ["--reader", "make-loader", "--crop", "none"]
-    reads = interleaved(
-        {
+        "read": {
             "read, no fields stored": ("read_rate", [without, *read]),
             "read, fields stored": ("read_rate", [with_fields, *read]),
             "read, fields=txt": ("read_rate", [with_fields, *read, "--fields", "txt"]),
         },
-        args.rounds,
-    )
-    rates = {**conversion, **reads}
+    }
+    rates: dict[str, list[float]] = {}
+    for section in args.sections:
+        if section in sections:
+            rates.update(interleaved(sections[section], args.rounds))
     median = {name: statistics.median(values) for name, values in rates.items()}
     for name, values in rates.items():
         print(f"{name:30} {median[name]:8,.0f} /s   {' / '.join(f'{v:,.0f}' for v in values)}")
     ratios = {
-        "conversion with fields / --no-fields": median["convert, fields"]
-        / median["convert, --no-fields"],
-        "parquet conversion with fields / --no-fields": median["convert parquet, fields"]
-        / median["convert parquet, --no-fields"],
-        "read without fields= / no fields stored": median["read, fields stored"]
-        / median["read, no fields stored"],
-        "read fields=txt / no fields stored": median["read, fields=txt"]
-        / median["read, no fields stored"],
+        name: median[top] / median[bottom]
+        for name, (top, bottom) in RATIOS.items()
+        if top in median and bottom in median
     }
     for name, ratio in ratios.items():
         print(f"{name:46} {ratio:.3f}")
 
-    dataset = str(metadata_dataset(work, args.metadata_samples))
-    metadata = [run_child(ROOT, "metadata_rate", [dataset]) for _ in range(3)]
+    metadata = []
+    if "metadata" in args.sections:
+        dataset = str(metadata_dataset(work, args.metadata_samples))
+        metadata = [run_child(ROOT, "metadata_rate", [dataset]) for _ in range(3)]
     for run in metadata:
         rows, seconds, mb = run["rows"], run["seconds"], run["rss_mb"]
-        print(f"metadata() of {rows:,} samples: {seconds:.2f} s, {mb:.0f} MB")
+        print(f"metadata() of {rows:,} samples: {seconds:.2f} s, {mb:.0f} MiB")
     write_json(
         args.json,
         {"machine": info, "rates": rates, "ratios": ratios, "metadata": metadata},
