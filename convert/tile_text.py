@@ -160,7 +160,8 @@ class TileFont:
     in ``primary`` (a box) and kept in :attr:`missing` for :meth:`warn_missing`. A
     character Python does not count as printable (a control, private-use or unassigned
     code point, whose glyph, where a font has one, means something else in each font) is
-    drawn in ``primary`` without asking another font, and is not named as missing."""
+    drawn in ``primary`` without asking another font: a box unless it is white space, and
+    then kept in :attr:`unprintable`, which :meth:`warn_missing` names by code point."""
 
     def __init__(
         self,
@@ -176,10 +177,15 @@ class TileFont:
         self._fallbacks: dict[Path, ImageFont.FreeTypeFont] = {}
         self._by_char: dict[str, Font] = {}
         self.missing: dict[str, None] = {}  # in the order met
+        self.unprintable: dict[str, None] = {}  # in the order met
 
     def font_for(self, char: str) -> Font:
         """The font that draws ``char``."""
-        if self._covers is None or ord(char) in self._covers or not char.isprintable():
+        if self._covers is None or ord(char) in self._covers:
+            return self.primary
+        if not char.isprintable():
+            if not char.isspace():
+                self.unprintable[char] = None
             return self.primary
         font = self._by_char.get(char)
         if font is None:
@@ -228,13 +234,18 @@ class TileFont:
             x += font.getlength(piece)
 
     def warn_missing(self) -> None:
-        """One warning naming the characters no installed font draws, if any."""
+        """One warning naming the characters no installed font draws, and one naming the
+        code points drawn as boxes because no font's glyph for them can be trusted."""
+        if self.unprintable:
+            log.warning(
+                "inspect --grid: %s drawn as boxes: control, private-use or unassigned code "
+                "points, which mean something else in each font",
+                _listed([f"U+{ord(c):04X}" for c in self.unprintable], ", "),
+            )
         if not self.missing:
             return
         chars = list(self.missing)
-        shown = "".join(chars[:_SHOWN]) + (
-            f" and {len(chars) - _SHOWN} more" if chars[_SHOWN:] else ""
-        )
+        shown = _listed(chars, "")
         log.warning(
             "inspect --grid: no installed font draws %s (%d character%s, drawn as boxes): "
             "install a font that has them (Chinese, Japanese, Korean on Debian or Ubuntu: "
@@ -243,3 +254,9 @@ class TileFont:
             len(chars),
             "" if len(chars) == 1 else "s",
         )
+
+
+def _listed(items: list[str], separator: str) -> str:
+    """The first :data:`_SHOWN` of ``items`` joined, and how many more there are."""
+    more = f" and {len(items) - _SHOWN} more" if items[_SHOWN:] else ""
+    return separator.join(items[:_SHOWN]) + more
