@@ -217,15 +217,6 @@ def test_grid_sizes_below_one_row_or_tile_are_refused_in_one_line(tmp_path, bad)
     assert "--max-rows must be 1 or more" in result.output
 
 
-def installed_font_with(char: str) -> bool:
-    """Whether ``fc-list`` lists an installed font with a glyph for ``char``."""
-    if shutil.which("fc-list") is None:
-        pytest.skip("fc-list is not installed: cannot tell which fonts are")
-    query = f":charset={ord(char):x}"
-    listed = subprocess.run(["fc-list", query, "file"], capture_output=True, text=True, check=True)
-    return bool(listed.stdout.strip())
-
-
 def captioned_folder(root: Path, caption: str) -> Path:
     """One class folder with one image and a txt sidecar holding ``caption``."""
     class_folder(root, ["photos"])
@@ -239,26 +230,25 @@ def caption_strip(sheet: Image.Image, tile: int) -> np.ndarray:
     return np.asarray(sheet.crop((GAP // 2, top, GAP // 2 + tile, top + LABEL_HEIGHT)))
 
 
-def test_a_japanese_caption_is_drawn_by_an_installed_font_or_named_in_one_warning(tmp_path, caplog):
+def test_a_caption_no_installed_font_draws_is_named_in_one_warning_and_still_written(
+    tmp_path, monkeypatch, caplog
+):
+    fonts_seen(monkeypatch, tmp_path / "fonts", [])  # no CJK font, on any machine
     caption = "富士山の写真"
     root = captioned_folder(tmp_path / "folder", caption)
     out = tmp_path / "sheet.png"
     with caplog.at_level(logging.WARNING, logger="convert.tile_text"):
         sheet = contact_sheet(root, out, per_class=1, tile=96, caption="txt")
-    assert sheet.captions == {"photos": [caption]} and out.is_file()  # written either way
+    assert sheet.captions == {"photos": [caption]} and out.is_file()
     warnings = [r.getMessage() for r in caplog.records if r.name == "convert.tile_text"]
+    assert warnings == [
+        f"inspect --grid: no installed font draws {caption} ({len(caption)} characters, "
+        "drawn as boxes): install a font that has them (Chinese, Japanese, Korean on "
+        "Debian or Ubuntu: apt-get install fonts-noto-cjk)"
+    ]
     with Image.open(out) as image:
         drawn = ink(caption_strip(image, 96))
-    boxes = ink(caption_strip_of(caption, dejavu_sans(), 96))  # DejaVu's missing glyphs
-    if all(installed_font_with(c) for c in caption):
-        assert warnings == [] and not np.array_equal(drawn, boxes)
-    else:  # no CJK font here (Debian: apt-get install fonts-noto-cjk)
-        missing = "".join(c for c in caption if not installed_font_with(c))
-        assert warnings == [
-            f"inspect --grid: no installed font draws {missing} ({len(missing)} characters, "
-            "drawn as boxes): install a font that has them (Chinese, Japanese, Korean on "
-            "Debian or Ubuntu: apt-get install fonts-noto-cjk)"
-        ]
+    assert np.array_equal(drawn, ink(caption_strip_of(caption, dejavu_sans(), 96)))  # boxes
 
 
 def caption_strip_of(text: str, font: ImageFont.FreeTypeFont, tile: int) -> np.ndarray:
@@ -268,10 +258,13 @@ def caption_strip_of(text: str, font: ImageFont.FreeTypeFont, tile: int) -> np.n
     return np.asarray(strip)
 
 
-def test_a_character_dejavu_sans_lacks_is_drawn_by_an_installed_font_that_has_it(tmp_path):
-    arc = "\u2312"  # ⌒: not in DejaVu Sans, in DejaVu Sans Mono (fonts-dejavu-core)
-    if not installed_font_with(arc):
-        pytest.skip("no installed font has U+2312")
+def test_a_character_dejavu_sans_lacks_is_drawn_by_an_installed_font_that_has_it(
+    tmp_path, monkeypatch
+):
+    arc = "\u2312"  # ⌒: not in DejaVu Sans, in DejaVu Sans Mono (matplotlib ships both)
+    fonts_seen(monkeypatch, tmp_path / "fonts", [mpl_font("DejaVuSansMono.ttf")])
+    if shutil.which("fc-list") is None:
+        pytest.skip("fc-list is not installed: the grid looks through no installed font")
     root = captioned_folder(tmp_path / "folder", f"a{arc}b")
     out = tmp_path / "sheet.png"
     contact_sheet(root, out, per_class=1, tile=96, caption="txt")
