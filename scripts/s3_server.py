@@ -69,6 +69,15 @@ class S3Server:
         text = os.pread(fd, os.fstat(fd).st_size, 0)
         return [Request(m[1].decode(), m[2].decode()) for m in _REQUEST_LINE.finditer(text)]
 
+    def tar_gets(self, url: str) -> int:
+        """The GETs so far of tars below ``url`` (``s3://bucket/prefix``): whole tars and
+        byte ranges of their members, not their indexes."""
+        prefix = f"/{url.removeprefix('s3://')}/"
+        return sum(
+            r.method == "GET" and r.target.startswith(prefix) and r.target.endswith(".tar")
+            for r in self.requests()
+        )
+
     def stop(self) -> None:
         """Stop the server (a no-op once stopped): every request then fails to connect."""
         if self.process.poll() is None:

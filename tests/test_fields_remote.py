@@ -35,16 +35,6 @@ def remote_and_local(url: str, tmp_path: Path) -> tuple[Path, Path]:
     return local, tmp_path / "cache"
 
 
-def tar_gets(server: S3Server, url: str) -> int:
-    """The GETs of tars below ``url`` (whole tars, byte ranges of images and field
-    members; not their indexes)."""
-    prefix = f"/{url.removeprefix('s3://')}/"
-    return sum(
-        r.method == "GET" and r.target.startswith(prefix) and r.target.endswith(".tar")
-        for r in server.requests()
-    )
-
-
 @pytest.mark.filterwarnings("ignore:.* was converted without --shuffle:UserWarning")
 def test_a_remote_tars_field_values_come_in_merged_range_requests(
     s3_server: S3Server,  # noqa: F811 (the fixture imported above)
@@ -58,9 +48,9 @@ def test_a_remote_tars_field_values_come_in_merged_range_requests(
     loader = readers.make_loader(
         url, 3, stream=True, shuffle=False, fields=("txt", "json"), num_workers=0, decode=False
     )
-    before = tar_gets(s3_server, url)
+    before = s3_server.tar_gets(url)
     batches = list(loader)
-    got = tar_gets(s3_server, url) - before
+    got = s3_server.tar_gets(url) - before
     # One read window: per shard one request for its images and one per text/json field
     # (a request a value would be 2 + 6 x 2 = 14).
     assert got == shards * (1 + 2), got
@@ -77,9 +67,9 @@ def test_metadata_of_a_remote_tar_dataset_reads_ranges_and_copies_no_shard(
     url = f"s3://{BUCKET}/fields-metadata/wds"
     local, cache = remote_and_local(url, tmp_path)
     ds = readers.open_dataset(url, cache_dir=cache)
-    before = tar_gets(s3_server, url)
+    before = s3_server.tar_gets(url)
     table = ds.metadata()
-    got = tar_gets(s3_server, url) - before
+    got = s3_server.tar_gets(url) - before
     assert got == 2 * 2  # per shard, one round of merged requests per text/json field
     assert not cached_tars(cache)
     assert table.equals(readers.open_dataset(local).metadata())
@@ -93,16 +83,16 @@ def test_sizes_of_a_remote_tar_dataset_come_from_its_indexes_and_copy_no_shard(
 ):
     url = f"s3://{BUCKET}/fields-sizes/wds"
     local, cache = remote_and_local(url, tmp_path)
-    before = tar_gets(s3_server, url)
+    before = s3_server.tar_gets(url)
     sizes = readers.open_dataset(url, cache_dir=cache).sizes
-    assert tar_gets(s3_server, url) == before  # the sizes are in the indexes beside
+    assert s3_server.tar_gets(url) == before  # the sizes are in the indexes beside
     assert not cached_tars(cache)
     np.testing.assert_array_equal(sizes, readers.open_dataset(local).sizes)
     assert len(np.unique(sizes, axis=0)) > 2  # a dataset of several aspects
     # A bucketed loader plans its epoch from the sizes: made, it has copied no shard yet.
     buckets = AspectBuckets.around(area=32 * 32, step=8, max_ratio=2.5)
     loader = make_bucket_loader(url, 2, buckets, shuffle=False, num_workers=0, cache_dir=cache)
-    assert tar_gets(s3_server, url) == before and not cached_tars(cache)
+    assert s3_server.tar_gets(url) == before and not cached_tars(cache)
     served = [label for _, labels in loader for label in labels.tolist()]
     local_loader = make_bucket_loader(local, 2, buckets, shuffle=False, num_workers=0)
     assert served == [label for _, labels in local_loader for label in labels.tolist()]
@@ -121,13 +111,13 @@ def test_sizes_of_a_remote_version_1_tar_dataset_come_from_one_copy_of_each_tar(
     for path in sorted(V1_WDS.iterdir()):
         bucket.upload(path, path.name)
     cache = tmp_path / "cache"
-    before = tar_gets(s3_server, url)
+    before = s3_server.tar_gets(url)
     ds = readers.open_dataset(url, cache_dir=cache)
     # No sizes recorded: the images' headers give them, from one copy of each tar (a range
     # request a sample would fetch the same bytes in many more requests).
     np.testing.assert_array_equal(ds.sizes, readers.open_dataset(V1_WDS).sizes)
     shards = len(ds.manifest.shards)
-    assert tar_gets(s3_server, url) - before == shards
+    assert s3_server.tar_gets(url) - before == shards
     assert len(cached_tars(cache)) == shards
     assert ds.metadata().equals(readers.open_dataset(V1_WDS).metadata())
-    assert tar_gets(s3_server, url) - before == shards  # the table reads the copies
+    assert s3_server.tar_gets(url) - before == shards  # the table reads the copies

@@ -34,7 +34,7 @@ from readers import spec
 from readers.epochs.order import BlockOrder
 from readers.storage.cache import ShardCache
 from readers.storage.remote import RemoteFolder
-from scripts.s3_server import S3Server, local_s3_server
+from scripts.s3_server import local_s3_server
 from tests.conftest import SAMPLE_DATA
 
 BUCKET = "imgpack-test"
@@ -302,14 +302,6 @@ def test_bench_measures_a_dataset_in_the_bucket(s3_server, tmp_path):
     assert missing.exit_code == 2 and "does not exist" in missing.output
 
 
-def _tar_gets(server: S3Server, prefix: str) -> int:
-    """The GETs of tars (byte ranges of samples; not their indexes) under ``prefix``."""
-    return sum(
-        r.method == "GET" and r.target.startswith(prefix) and r.target.endswith(".tar")
-        for r in server.requests()
-    )
-
-
 def _windows_times_shards(url: str, rank: int, world: int, batch: int, buffer: int) -> int:
     """Requests if rank ``rank`` reads each read window once: per window of its slice, one
     merged request per shard its samples there lie in (tiny samples: gaps < 1 MiB)."""
@@ -338,7 +330,6 @@ def test_wds_stream_fetches_each_read_window_once_per_rank_with_two_workers(s3_s
     options = ConvertOptions("wds", shard_size=300, shuffle=True)
     convert_folder(source, url, options, workers=2, progress=False)
     server = s3_server
-    prefix = f"/{url.removeprefix('s3://')}/"
     seen = 0
     for rank in range(2):
         loader = readers.make_loader(
@@ -353,9 +344,9 @@ def test_wds_stream_fetches_each_read_window_once_per_rank_with_two_workers(s3_s
             multiprocessing_context="fork",
             decode=False,
         )
-        before = _tar_gets(server, prefix)
+        before = server.tar_gets(url)
         seen += sum(len(labels) for _, labels in loader)
-        got = _tar_gets(server, prefix) - before
+        got = server.tar_gets(url) - before
         expected = _windows_times_shards(url, rank, 2, 8, 250)
         print(f"rank {rank}: {got} tar GETs for the epoch, {expected} windows x shards")
         assert got == expected, rank
