@@ -30,7 +30,8 @@ test: setup
 	$(BIN)/python -m pytest -q --durations=25  # the slowest tests named, to keep the suite quick
 	@# the crop path again without the compiled kernel: the fallback must stay correct too
 	IMGPACK_KERNEL=0 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_crop.py \
-		tests/test_crop_large.py tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py tests/test_crc.py
+		tests/test_crop_large.py tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py tests/test_crc.py \
+		tests/test_buckets.py
 
 # The quick tier: everything but loopback servers, Ray, torchrun, fuzzing, wheel builds and
 # soak runs (markers in setup.cfg; tests/conftest.py marks the server and cluster fixtures), on
