@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test check lint format bench clean asan ubsan
 
-$(STAMP): setup.cfg setup.py tests/constraints.txt $(wildcard readers/images/*.c readers/images/*.h) readers/formats/crc32.c
+$(STAMP): setup.cfg setup.py tests/constraints.txt $(wildcard readers/images/*.c readers/images/*.h) readers/formats/crc32.c readers/epochs/feistel.c
 	@# libturbojpeg for the fast JPEG path (without it imgpack falls back to Pillow), and
 	@# libjpeg's headers for the compiled crop kernel (without them crops take the Python path).
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
@@ -31,7 +31,7 @@ test: setup
 	@# the crop path again without the compiled kernel: the fallback must stay correct too
 	IMGPACK_KERNEL=0 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_crop.py \
 		tests/test_crop_large.py tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py tests/test_crc.py \
-		tests/test_buckets.py
+		tests/test_buckets.py tests/test_feistel.py
 
 # The quick tier: everything but loopback servers, Ray, torchrun, fuzzing, wheel builds and
 # soak runs (markers in setup.cfg; tests/conftest.py marks the server and cluster fixtures), on
@@ -53,7 +53,7 @@ asan: setup
 	CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g -O1" LDFLAGS="-fsanitize=address" \
 		$(BIN)/python setup.py -q build_ext --inplace --force --build-temp build/asan
 	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD=$(ASAN_LIB) \
-		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_kernel.py tests/test_crop.py tests/test_crc.py; \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_kernel.py tests/test_crop.py tests/test_crc.py tests/test_feistel.py; \
 		status=$$?; $(BIN)/python setup.py -q build_ext --inplace --force; exit $$status
 
 # The same tests under UndefinedBehaviorSanitizer: any undefined behaviour (overflow, a bad
@@ -64,7 +64,7 @@ ubsan: setup
 		LDFLAGS="-fsanitize=undefined" \
 		$(BIN)/python setup.py -q build_ext --inplace --force --build-temp build/ubsan
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 LD_PRELOAD=$(UBSAN_LIB) \
-		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_kernel.py tests/test_crop.py tests/test_crc.py; \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_kernel.py tests/test_crop.py tests/test_crc.py tests/test_feistel.py; \
 		status=$$?; $(BIN)/python setup.py -q build_ext --inplace --force; exit $$status
 
 lint: setup

@@ -1,5 +1,6 @@
 """The package metadata lives in setup.cfg; here only the optional compiled modules: the
-crop kernel and the batch CRC-32 (``readers/formats/crc32.c``, which needs only a compiler).
+crop kernel, the batch CRC-32 (``readers/formats/crc32.c``) and the epoch order's Feistel
+network (``readers/epochs/feistel.c``); the last two need only a compiler.
 
 The kernel (``readers/images/``: the binding ``jpegcrop.c`` and the units of
 ``KERNEL_UNITS``, each with its header) needs a C compiler, Python's headers and libjpeg's
@@ -64,14 +65,21 @@ CROP_KERNEL = Extension(
 )
 
 
-# readers.formats.checks: the CRC-32s of a batch of samples, the GIL released (no library).
-BATCH_CRC = Extension(
-    "readers.formats.crc32",
-    sources=["readers/formats/crc32.c"],
-    extra_compile_args=["-O3", *HIDDEN["extra_compile_args"]],
-    extra_link_args=HIDDEN["extra_link_args"],
-    optional=True,
-)
+def compiler_only(name: str) -> Extension:
+    """An optional module of one C file, named as the module, that needs no library."""
+    return Extension(
+        name,
+        sources=[name.replace(".", "/") + ".c"],
+        extra_compile_args=["-O3", *HIDDEN["extra_compile_args"]],
+        extra_link_args=HIDDEN["extra_link_args"],
+        optional=True,
+    )
+
+
+# readers.formats.checks: the CRC-32s of a batch of samples, the GIL released.
+BATCH_CRC = compiler_only("readers.formats.crc32")
+# readers.epochs.order: FeistelOrder's network over a batch of positions, the GIL released.
+FEISTEL = compiler_only("readers.epochs.feistel")
 
 
 class OptionalBuildExt(build_ext):
@@ -84,4 +92,4 @@ class OptionalBuildExt(build_ext):
             self.warn(f"the compiled modules were not built ({e}); imgpack uses its Python paths")
 
 
-setup(ext_modules=[CROP_KERNEL, BATCH_CRC], cmdclass={"build_ext": OptionalBuildExt})
+setup(ext_modules=[CROP_KERNEL, BATCH_CRC, FEISTEL], cmdclass={"build_ext": OptionalBuildExt})

@@ -24,6 +24,7 @@ from readers.formats.reader import read_checked
 from tests.test_reader_faults import copy_dataset, flip_middle_byte_of_sample
 
 CRC_C = Path(__file__).resolve().parent.parent / "readers" / "formats" / "crc32.c"
+FEISTEL_C = CRC_C.parent.parent / "epochs" / "feistel.c"  # the other module without a library
 
 try:
     from readers.formats import crc32
@@ -104,7 +105,10 @@ def test_the_batch_crc_is_built_wherever_a_compiler_is() -> None:
     )
 
 
-def test_the_batch_crc_compiles_without_warnings(tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", [CRC_C, FEISTEL_C], ids=lambda path: path.name)
+def test_the_batch_crc_and_the_feistel_network_compile_without_warnings(
+    tmp_path: Path, source: Path
+) -> None:
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("gcc is not installed")
@@ -119,9 +123,9 @@ def test_the_batch_crc_compiles_without_warnings(tmp_path: Path) -> None:
                 level,
                 *include,
                 "-c",
-                str(CRC_C),
+                str(source),
                 "-o",
-                str(tmp_path / "crc32.o"),
+                str(tmp_path / "module.o"),
             ],
             capture_output=True,
             text=True,

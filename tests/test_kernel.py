@@ -901,7 +901,8 @@ def test_the_kernel_encoder_refuses_what_it_cannot_encode() -> None:
 @pytest.mark.wheel
 def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: Path) -> None:
     # `pip wheel .` (what a release build runs, scripts/wheels/cibuildwheel.toml) puts the
-    # kernel and the batch CRC-32 in the wheel, and the wheels' smoke test runs those files
+    # kernel, the batch CRC-32 and the Feistel network in the wheel, and the wheels' smoke test
+    # runs those files
     subprocess.run(
         [
             sys.executable,
@@ -923,7 +924,8 @@ def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: P
     built = []
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        for stem in ("readers/images/jpegcrop.", "readers/formats/crc32."):
+        modules = ("readers/images/jpegcrop.", "readers/formats/crc32.", "readers/epochs/feistel.")
+        for stem in modules:
             (name,) = [n for n in names if n.startswith(stem) and n.endswith((".so", ".pyd"))]
             built.append(archive.extract(name, tmp_path / "unpacked"))
             assert stem + "pyi" in names, f"the wheel lacks {stem}pyi"
@@ -937,7 +939,8 @@ def test_pip_wheel_builds_the_kernel_and_it_passes_the_release_check(tmp_path: P
     assert check.returncode == 0, check.stdout + check.stderr
     assert "the crop kernel works" in check.stdout
     assert "the batch CRC-32 works" in check.stdout
-    assert check.stdout.count("exports only PyInit_*") == 2, check.stdout
+    assert "the Feistel network works" in check.stdout
+    assert check.stdout.count("exports only PyInit_*") == 3, check.stdout
 
 
 def stub_names(path: Path) -> set[str]:
@@ -951,7 +954,9 @@ def stub_names(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("name", ["readers.images.jpegcrop", "readers.formats.crc32"])
+@pytest.mark.parametrize(
+    "name", ["readers.images.jpegcrop", "readers.formats.crc32", "readers.epochs.feistel"]
+)
 def test_each_compiled_module_has_a_stub_of_every_name(name: str) -> None:
     """A type checker sees every call: the stub beside the module names exactly what it
     defines (setup.cfg ships the stubs in the wheel)."""

@@ -20,6 +20,8 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
+from readers.compiled import compiled_module
+
 __all__ = [
     "MAP_ORDERS",
     "BlockOrder",
@@ -28,6 +30,8 @@ __all__ = [
     "PermutationOrder",
     "epoch_permutation",
 ]
+
+COMPILED_NETWORK = "readers.epochs.feistel"
 
 
 class MapOrder(Protocol):
@@ -71,7 +75,9 @@ class FeistelOrder:
     sends a value ``>= N`` through the network again until it lands inside, which keeps
     ``f`` a bijection of ``[0, N)``; ``2**b < 2N``, so a position takes fewer than two
     passes on average. Memory is the positions asked for; the time to resume at any
-    position is that of one batch.
+    position is that of one batch. The compiled ``readers/epochs/feistel.c`` runs the same
+    network (about 1 µs for a batch of 64, where numpy's array operations take 300); without
+    it, or with ``IMGPACK_KERNEL=0``, numpy computes the same numbers.
     """
 
     num_samples: int
@@ -88,9 +94,10 @@ class FeistelOrder:
         return np.uint64(right), np.uint64(left_mask), np.uint64((1 << right) - 1)
 
     @cached_property
-    def _keys(self) -> list[np.uint64]:
+    def _keys(self) -> np.ndarray:
+        """The round keys (uint64, one a round)."""
         sequence = np.random.SeedSequence([self.seed, self.epoch, 0xFE15])
-        return [np.uint64(k) for k in sequence.generate_state(self.rounds, np.uint64)]
+        return sequence.generate_state(self.rounds, np.uint64)
 
     @staticmethod
     def _mix(half: np.ndarray, key: np.uint64, mask: np.uint64) -> np.ndarray:
@@ -119,10 +126,25 @@ class FeistelOrder:
         return left
 
     def indices(self, positions: np.ndarray) -> np.ndarray:
-        """The sample at each position (an int64 array of positions in ``[0, N)``)."""
+        """The sample at each position (an int64 array of positions in ``[0, N)``).
+
+        Raises:
+            IndexError: for a position outside ``[0, N)`` (its cycle would never come back).
+        """
+        positions = np.ascontiguousarray(positions, np.int64)
+        if positions.size and not 0 <= positions.min() <= positions.max() < self.num_samples:
+            raise IndexError(f"positions outside the epoch's [0, {self.num_samples})")
         if self.num_samples <= 1:
             return np.zeros(len(positions), np.int64)
-        out = self._network(np.asarray(positions, np.int64).astype(np.uint64))
+        compiled = compiled_module(COMPILED_NETWORK, "epoch orders use numpy")
+        if compiled is not None:
+            out = np.empty(len(positions), np.int64)
+            shift, left_mask, right_mask = map(int, self._halves)
+            compiled.indices(
+                positions, out, self._keys, self.num_samples, shift, left_mask, right_mask
+            )
+            return out
+        out = self._network(positions.astype(np.uint64))
         outside = np.flatnonzero(out >= self.num_samples)
         while outside.size:  # cycle-walking: the next value of the same cycle
             out[outside] = self._network(out[outside])

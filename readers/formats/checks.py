@@ -17,9 +17,7 @@ PCLMULQDQ, or ``IMGPACK_KERNEL=0``), ``zlib.crc32`` per sample: the same numbers
 from __future__ import annotations
 
 import functools
-import importlib
 import io
-import logging
 import math
 import zlib
 from collections.abc import Sequence
@@ -27,25 +25,17 @@ from types import ModuleType
 
 import numpy as np
 
-from readers.compiled import compiled_off
+from readers.compiled import compiled_module
 from readers.spec import DatasetError, sample_crc
 
 __all__ = ["SampleCrcs", "npy_pixels", "raw_pixels", "stored_crc", "stored_crcs"]
-
-log = logging.getLogger(__name__)
 
 
 @functools.cache
 def _compiled_crcs() -> ModuleType | None:
     """``readers.formats.crc32`` where it was built and the CPU has PCLMULQDQ, else None."""
-    if compiled_off():
-        return None
-    try:  # by name: the extension is no .py beside this package's other modules
-        crc32 = importlib.import_module("readers.formats.crc32")
-    except ImportError as e:
-        log.debug("the batch CRC-32 is not built (%s); reads use zlib.crc32", e)
-        return None
-    return crc32 if crc32.CLMUL else None
+    crc32 = compiled_module("readers.formats.crc32", "reads use zlib.crc32")
+    return crc32 if crc32 is not None and crc32.CLMUL else None
 
 
 def stored_crcs(values: Sequence[bytes | memoryview]) -> np.ndarray:

@@ -19,7 +19,7 @@ medians quoted:
   (:mod:`scripts.bench.metadata_rate`), three runs.
 
     .venv/bin/python -m scripts.bench.fields --folder bench-data/folder --rounds 5 [--json F]
-        [--sections convert,read,metadata]
+        [--sections convert,read,metadata] [--passes 12]
 
 Targets: reads without ``fields=`` >= 0.97x, with ``fields=("txt",)`` >= 0.9x, conversion
 with fields >= 0.95x (tars and Parquet alike); ``metadata()`` of 1 M samples under 2 s and 300 MB.
@@ -177,6 +177,9 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, default=FOLDER, help="the benchmark folder")
     parser.add_argument("--work", type=Path, default=WORK, help="scratch folder")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--passes", type=int, default=12, help="timed epochs per read child (an epoch: ~0.2 s)"
+    )
     parser.add_argument("--metadata-samples", type=int, default=1_000_000)
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument(
@@ -199,7 +202,7 @@ def main() -> None:
     without = str(convert(tars, work / "fields-none-pt", fields=(), **geometry))
 
     crop = ["--resize", str(RESIZE), "--center-crop", str(CROP)]
-    read = ["--reader", "make-loader", "--crop", "none"]
+    read = ["--reader", "make-loader", "--crop", "none", "--passes", str(args.passes)]
     sections = {
         "convert": {
             "convert, fields": ("convert_rate", ["--folder", str(tars), *crop]),

@@ -1,12 +1,13 @@
 """A release wheel's smoke test (``scripts/wheels/cibuildwheel.toml``): the installed crop
-kernel loads, reads a JPEG's header and crops it to the pixels of Pillow's full decode, and
-the batch CRC-32 gives zlib's numbers; each exports no symbol but its ``PyInit_*`` (a
-static libjpeg's would clash with another module's libjpeg in the same process).
+kernel loads, reads a JPEG's header and crops it to the pixels of Pillow's full decode, the
+batch CRC-32 gives zlib's numbers and the Feistel network permutes a range; each exports no
+symbol but its ``PyInit_*`` (a static libjpeg's would clash with another module's libjpeg in
+the same process).
 
 It loads the compiled modules by their files, not through ``import readers`` (which would
 import torch), and needs only NumPy and Pillow:
 
-    python scripts/wheels/check_wheel.py [PATH_TO_jpegcrop.so PATH_TO_crc32.so]
+    python scripts/wheels/check_wheel.py [PATH_TO_jpegcrop.so PATH_TO_crc32.so PATH_TO_feistel.so]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from PIL import Image
 
 KERNEL = "readers.images.jpegcrop"
 BATCH_CRC = "readers.formats.crc32"
+FEISTEL = "readers.epochs.feistel"
 
 
 def installed(name: str) -> Path:
@@ -92,6 +94,18 @@ def check_crcs(path: Path) -> None:
     print(f"{path.name}: the batch CRC-32 works (carry-less multiplication: {bool(crc32.CLMUL)})")
 
 
+def check_feistel(path: Path) -> None:
+    """The Feistel network maps every position of a range to a distinct one inside it."""
+    feistel = load(FEISTEL, path)
+    n, shift = 1000, 5  # 10 bits: a left half of 5, a right half of 5
+    positions = np.arange(n, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    keys = np.arange(1, 7, dtype=np.uint64)
+    feistel.indices(positions, out, keys, n, shift, (1 << 5) - 1, (1 << shift) - 1)
+    assert sorted(out.tolist()) == positions.tolist(), "the Feistel network is no permutation"
+    print(f"{path.name}: the Feistel network works")
+
+
 def check_kernel(path: Path) -> None:
     """The crop kernel parses a JPEG's header and crops it as Pillow decodes it."""
     kernel = load(KERNEL, path)
@@ -116,12 +130,14 @@ def check_kernel(path: Path) -> None:
 
 
 def main() -> None:
-    paths = [Path(p) for p in sys.argv[1:3]] or [installed(KERNEL), installed(BATCH_CRC)]
-    check_kernel(paths[0])
-    check_exports(paths[0])
-    if len(paths) > 1:
-        check_crcs(paths[1])
-        check_exports(paths[1])
+    paths = [Path(p) for p in sys.argv[1:4]] or [  # the modules given, in this order
+        installed(KERNEL),
+        installed(BATCH_CRC),
+        installed(FEISTEL),
+    ]
+    for path, check in zip(paths, (check_kernel, check_crcs, check_feistel), strict=False):
+        check(path)
+        check_exports(path)
 
 
 if __name__ == "__main__":
