@@ -147,16 +147,20 @@ def metadata_dataset(work: Path, count: int) -> Path:
     return dst
 
 
-def interleaved(named: dict[str, tuple[str, list[str]]], rounds: int) -> dict[str, list[float]]:
-    rates: dict[str, list[float]] = {name: [] for name in named}
+def interleaved(
+    named: dict[str, tuple[str, list[str]]], rounds: int, key: str = "rate"
+) -> dict[str, list[dict[str, float]]]:
+    """Each contender's result lines, ``rounds`` of them (``key`` printed as they come)."""
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in named}
     for round_ in range(rounds):
         order = list(named) if round_ % 2 == 0 else list(named)[::-1]
         load = os.getloadavg()[0]
         for name in order:
             child, args = named[name]
-            rates[name].append(run_child(ROOT, child, args)["rate"])
-        print(f"round {round_ + 1} (load {load:.2f}):", {n: round(v[-1]) for n, v in rates.items()})
-    return rates
+            results[name].append(run_child(ROOT, child, args))
+        latest = {n: round(v[-1][key]) for n, v in results.items()}
+        print(f"round {round_ + 1} (load {load:.2f}):", latest)
+    return results
 
 
 SECTIONS = ("convert", "read", "metadata")
@@ -219,10 +223,11 @@ def main() -> None:
             "read, fields=txt": ("read_rate", [with_fields, *read, "--fields", "txt"]),
         },
     }
-    rates: dict[str, list[float]] = {}
+    results: dict[str, list[dict[str, float]]] = {}
     for section in args.sections:
         if section in sections:
-            rates.update(interleaved(sections[section], args.rounds))
+            results.update(interleaved(sections[section], args.rounds))
+    rates = {name: [r["rate"] for r in lines] for name, lines in results.items()}
     median = {name: statistics.median(values) for name, values in rates.items()}
     for name, values in rates.items():
         print(f"{name:30} {median[name]:8,.0f} /s   {' / '.join(f'{v:,.0f}' for v in values)}")
@@ -231,8 +236,20 @@ def main() -> None:
         for name, (top, bottom) in RATIOS.items()
         if top in median and bottom in median
     }
+    # reads also per CPU-second (the machine's other load moves it less than the wall clock)
+    cpu = {
+        n: statistics.median(r["cpu_rate"] for r in v)
+        for n, v in results.items()
+        if "cpu_rate" in v[0]
+    }
+    cpu_ratios = {
+        name: cpu[top] / cpu[bottom]
+        for name, (top, bottom) in RATIOS.items()
+        if top in cpu and bottom in cpu
+    }
     for name, ratio in ratios.items():
-        print(f"{name:46} {ratio:.3f}")
+        per_cpu = f"   per CPU-second {cpu_ratios[name]:.3f}" if name in cpu_ratios else ""
+        print(f"{name:46} {ratio:.3f}{per_cpu}")
 
     metadata = []
     if "metadata" in args.sections:
@@ -243,7 +260,13 @@ def main() -> None:
         print(f"metadata() of {rows:,} samples: {seconds:.2f} s, {mb:.0f} MiB")
     write_json(
         args.json,
-        {"machine": info, "rates": rates, "ratios": ratios, "metadata": metadata},
+        {
+            "machine": info,
+            "rates": rates,
+            "ratios": ratios,
+            "cpu_ratios": cpu_ratios,
+            "metadata": metadata,
+        },
     )
 
 

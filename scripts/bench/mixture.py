@@ -19,6 +19,7 @@ resume:  a mixture of three sources totalling 1 B samples (600 M, 300 M, 100 M; 
          under 100 ms and 50 MB.
 
     .venv/bin/python -m scripts.bench.mixture --folder bench-data/folder --rounds 5 [--json F]
+        [--passes 8]
 """
 
 from __future__ import annotations
@@ -101,12 +102,16 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=WORK / "mixture")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--passes", type=int, default=8, help="timed epochs per child (an epoch: ~0.3 s)"
+    )
     args = parser.parse_args()
     info = machine_info()
     print_machine(info)
     one, parts = datasets(args.folder, args.work)
-    read = ["--reader", "make-loader", "--crop", "random", "--passes", "2"]
-    plain = ["--reader", "make-loader", "--passes", "2", "--crop"]
+    passes = ["--passes", str(args.passes)]
+    read = ["--reader", "make-loader", *passes, "--crop", "random"]
+    plain = ["--reader", "make-loader", *passes, "--crop"]
     contenders = {
         "one source": [str(one), *read],
         "mixture of 3": [*map(str, parts), *read],
@@ -114,12 +119,18 @@ def main() -> None:
         "buckets": [str(one), *plain, "buckets"],
     }
     rates: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu_rates: dict[str, list[float]] = {name: [] for name in contenders}  # per CPU-second
     for k in range(args.rounds):
         for name in list(contenders)[:: 1 if k % 2 == 0 else -1]:
-            rates[name].append(run_child(ROOT, "read_rate", contenders[name])["rate"])
+            result = run_child(ROOT, "read_rate", contenders[name])
+            rates[name].append(result["rate"])
+            cpu_rates[name].append(result["cpu_rate"])
             print(f"  round {k}: {name} {rates[name][-1]:.0f}/s", flush=True)
     ratios = [m / o for m, o in zip(rates["mixture of 3"], rates["one source"], strict=True)]
     bucketed = [b / f for b, f in zip(rates["buckets"], rates["fixed cover crop"], strict=True)]
+    bucketed_cpu = [
+        b / f for b, f in zip(cpu_rates["buckets"], cpu_rates["fixed cover crop"], strict=True)
+    ]
     resumes = [run_child(ROOT, "mixture", ["child-resume"]) for _ in range(3)]
     results = {
         "machine": info,
@@ -128,10 +139,13 @@ def main() -> None:
         "ratios": ratios,
         "buckets_median_ratio": statistics.median(bucketed),
         "buckets_ratios": bucketed,
+        "cpu_rates": cpu_rates,
+        "buckets_cpu_median_ratio": statistics.median(bucketed_cpu),
         "resume_1b": resumes,
     }
     print(f"mixture / one source: median {results['median_ratio']:.3f} ({ratios})")
     print(f"buckets / fixed cover crop: median {statistics.median(bucketed):.3f} ({bucketed})")
+    print(f"  per CPU-second: median {statistics.median(bucketed_cpu):.3f}")
     for r in resumes:
         print(f"resume 1 B: {r['seconds'] * 1000:.1f} ms, {r['extra_mib']:.1f} MiB extra")
     write_json(args.json, results)

@@ -12,7 +12,8 @@ ratio=1.0)``: resized to cover 224x224, centre-cropped) and ``buckets`` (the sam
 ``AspectBuckets.around(224 * 224, 32, 2.0)``: 288x160 ... 160x288). ``--fields txt,json``: read
 those fields too (``make_loader(..., fields=...)``). Several datasets with ``make-loader``:
 their mixture (``make_loader({name: path}, ...)``, shares by length). One untimed epoch, then
-``--passes`` epochs timed; the result line is ``{"rate": samples/s, "unit": "samples/s"}``.
+``--passes`` epochs timed; the result line is ``{"rate": samples/s, "unit": "samples/s",
+"cpu_rate": samples per CPU-second of this process}`` (its threads', not its workers').
 
     .venv/bin/python -m scripts.bench.ab --rev a662b92 --rounds 6 \\
         read_rate bench-data/work/read/lmdb-jpeg --reader make-loader --crop centre
@@ -95,11 +96,12 @@ def main() -> None:
     epoch = READERS[args.reader](args.dataset, args.workers, options)
     for _ in epoch(0):  # workers started, page cache warm
         pass
-    seen, start = 0, time.perf_counter()
+    seen, start, cpu = 0, time.perf_counter(), time.process_time()
     for k in range(1, args.passes + 1):
         for batch in epoch(k):
             seen += len(batch[1])  # (images, labels, *fields)
-    emit(rate=seen / (time.perf_counter() - start), unit="samples/s")
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    emit(rate=seen / wall, unit="samples/s", cpu_rate=seen / cpu)
 
 
 if __name__ == "__main__":
