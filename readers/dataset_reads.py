@@ -25,7 +25,14 @@ import torch
 
 from readers.batch import Sample
 from readers.fields import FieldSpec
-from readers.formats import FORMAT_READERS, ShardReader, open_by_ranges, open_checked
+from readers.formats import (
+    FORMAT_READERS,
+    ShardOpener,
+    ShardReader,
+    open_by_ranges,
+    open_checked,
+    open_local_shard,
+)
 from readers.formats.field_columns import FieldColumn
 from readers.manifest import Manifest
 from readers.spec import SIZES_VERSION, DatasetError
@@ -91,6 +98,7 @@ class StoredReads:
     dataset)."""
 
     manifest: Manifest
+    opener: ShardOpener  # how :meth:`shard` opens a shard
     field_names: tuple[str, ...] = ()
 
     def shard(self, index: int) -> ShardReader:
@@ -127,18 +135,19 @@ class StoredReads:
         """Every shard's reader, in order, for one pass over what the shards record beside
         the images (labels, sizes, fields), as :attr:`sizes` and :meth:`metadata` make.
 
-        A dataset in object storage whose format reads by byte ranges
-        (:func:`readers.formats.open_by_ranges`: ``wds``) and records its sizes (format
-        version 2, :data:`readers.spec.SIZES_VERSION`) is read so: each shard's index, then
+        A dataset in object storage opened with the default opener, whose format reads by
+        byte ranges (:func:`readers.formats.open_by_ranges`: ``wds``) and records its sizes
+        (format version 2, :data:`readers.spec.SIZES_VERSION`), is read so: each shard's index, then
         only the members asked for, never a copy of a shard; these readers serve the pass
         only (a later pass reads the indexes again). Any other shard is :meth:`shard`'s
-        (kept open; a remote one copied into the cache once): a version 1 tar's sizes come
-        from its images, which one copy of the tar fetches in fewer requests than a range
-        each.
+        (kept open, through the opener given; a remote one copied into the cache once): a
+        version 1 tar's sizes come from its images, which one copy of the tar fetches in
+        fewer requests than a range each.
         """
         manifest = self.manifest
         in_place = (
-            manifest.location.remote is not None
+            self.opener is open_local_shard
+            and manifest.location.remote is not None
             and FORMAT_READERS[manifest.format].ranged is not None
             and manifest.format_version >= SIZES_VERSION
         )

@@ -13,6 +13,8 @@ import pytest
 import readers
 from readers.bucket_dataset import make_bucket_loader
 from readers.epochs.buckets import AspectBuckets
+from readers.formats import ShardReader, open_local_shard
+from readers.manifest import Manifest
 from readers.storage.remote import RemoteFolder
 from scripts.s3_server import S3Server
 from tests.test_fields_sources import CAPTIONS, PHOTOS, convert, img2dataset_shards
@@ -97,6 +99,31 @@ def test_sizes_of_a_remote_tar_dataset_come_from_its_indexes_and_copy_no_shard(
     local_loader = make_bucket_loader(local, 2, buckets, shuffle=False, num_workers=0)
     assert served == [label for _, labels in local_loader for label in labels.tolist()]
     assert len(served) == len(PHOTOS)
+
+
+OPENED: list[int] = []  # the shards counting_opener opened
+
+
+def counting_opener(manifest: Manifest, index: int) -> ShardReader:
+    """A user's opener: the default one, counted."""
+    OPENED.append(index)
+    return open_local_shard(manifest, index)
+
+
+def test_sizes_and_metadata_of_a_remote_tar_dataset_go_through_the_opener_given(
+    s3_server: S3Server,  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+):
+    # opener= is how every shard of the dataset opens: the sizes and the table too, not
+    # the ranged reads the default opener allows
+    url = f"s3://{BUCKET}/fields-opener/wds"
+    local, cache = remote_and_local(url, tmp_path)
+    OPENED.clear()
+    ds = readers.open_dataset(url, cache_dir=cache, opener=counting_opener)
+    np.testing.assert_array_equal(ds.sizes, readers.open_dataset(local).sizes)
+    assert ds.metadata().equals(readers.open_dataset(local).metadata())
+    assert OPENED == [0, 1]  # each shard once, kept open for both
+    assert len(cached_tars(cache)) == 2
 
 
 V1_WDS = Path(__file__).parent / "fixtures" / "v1" / "wds"  # written by imgpack 0.2.0
