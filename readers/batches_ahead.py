@@ -2,16 +2,16 @@
 never wait for the training thread's per-batch Python.
 
 With ``num_workers=0`` a DataLoader asks for a batch only once the one before it is done.
-Each batch's Python (locating its samples, reading and checking their stored bytes,
-planning the decode, taking a batch buffer) then ran while the decode threads idled: about
-1 ms of a 7 ms batch of 64 JPEGs on two cores. So :class:`readers.Loader` has its sampler
-announce each batch one batch early (:meth:`readers.EpochSampler.__iter__` with
+Each batch's Python (locating its samples, reading and checking their stored bytes, planning
+the decode, taking a batch buffer) then ran while the decode threads idled (a measurable
+share of a batch's time on two cores: docs/BENCHMARKS.md). So :class:`readers.Loader` has
+its sampler announce each batch one batch early (:meth:`readers.EpochSampler.__iter__` with
 ``read_ahead``): the dataset begins it then (:meth:`BatchesAhead.begin`), its decode running
 on the decode threads while the training thread plans the next, and serves it when the
 DataLoader asks (:meth:`BatchesAhead.serve`). A batch asked for that was not announced (a
 hand-built loop, another order) is read as before, once those begun are settled. A batch is
-keyed by what the DataLoader hands the dataset for it: its indices, or a bucket loader's
-one key (``(epoch, batch)``; :mod:`readers.bucket_dataset`), which names the bucket, so that
+keyed by what the DataLoader hands the dataset for it: its indices, or a bucket loader's one
+key (``(epoch, batch)``; :mod:`readers.bucket_dataset`), which names the bucket, so that
 each batch carries its own crop from the moment it is begun.
 
 Decode threads must not run across a fork (the child would inherit their half-written

@@ -206,8 +206,8 @@ def sample_nbytes(data: bytes | memoryview | np.ndarray) -> int:
 
 
 def sample_crc(data: bytes | memoryview | np.ndarray) -> int:
-    """CRC-32 of an encoded sample's stored bytes, as the shard records it (about 2 GB/s:
-    a percent or two of decoding the same JPEG)."""
+    """CRC-32 of an encoded sample's stored bytes, as the shard records it (a small share
+    of decoding the same JPEG)."""
     return zlib.crc32(data)
 
 

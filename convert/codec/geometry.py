@@ -2,7 +2,7 @@
 
 ``Resize(S)`` scales the shorter side to S with bilinear antialiased interpolation (the long
 side is ``int(S * long / short)``), computed by ``torch.nn.functional.interpolate`` on uint8
-channels-last pixels, as torchvision does for tensors (~3x faster here than Pillow; its
+channels-last pixels, as torchvision does for tensors (faster than Pillow; its
 pixels differ from Pillow's ``resize(BILINEAR)`` by a level or two on a few pixels, 0.04
 levels per image at most on real photos); ``CenterCrop(C)`` takes the centre, padding with
 zeros when the image is smaller.

@@ -61,8 +61,8 @@ class PtWriter:
             self._put(spec.PT_OFFSETS, 0)
 
     def _put(self, name: str, *values: int) -> None:
-        # int64 in native byte order, as torch.save stores the tensor (struct: ~3x faster
-        # than a NumPy array per value)
+        # int64 in native byte order, as torch.save stores the tensor (struct: cheaper than
+        # a NumPy array per value)
         self.spools[name].write(struct.pack(f"={len(values)}q", *values))
 
     def add(self, record: Record) -> None:

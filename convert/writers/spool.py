@@ -85,7 +85,7 @@ class JsonList(Spool):
         self.count = 0
 
     def append(self, value: object) -> None:
-        # an int's JSON is its repr (json.dumps costs ~5x as much; bool is not an int here)
+        # an int's JSON is its repr (cheaper than json.dumps; bool is not an int here)
         text = repr(value) if type(value) is int else json.dumps(value)
         self.write(text.encode("ascii") + self._separator)
         self.count += 1

@@ -4,7 +4,7 @@ Tars are written in USTAR format with the standard library's headers (``TarInfo.
 and fixed owner, mode and mtime, so the same samples give byte-identical tars. The headers
 are written here rather than by ``TarFile``, which keeps every member's ``TarInfo`` until it
 closes (three per sample), and :func:`ustar_header` fills in a copy of one ``tobuf`` header
-for each member (~15x faster: three headers a sample were most of the converter's own work
+for each member (three ``TarInfo`` headers a sample were most of the converter's own work
 per sample). The data offset of each image member is recorded as it is
 written, in spooled JSON columns, and saved beside the tar as its random-access index: the
 writer's memory does not grow with the shard.
@@ -29,7 +29,7 @@ from readers.spec import StorageKind
 __all__ = ["WdsWriter", "ustar_header"]
 
 MODE = 0o444
-_BUFFER = 1 << 20  # bytes a write call takes: a syscall a MiB, not two a sample (~10 µs each)
+_BUFFER = 1 << 20  # bytes a write call takes: a syscall a MiB, not two a sample
 
 
 def _member_info(name: str, size: int) -> tarfile.TarInfo:

@@ -76,8 +76,9 @@ class FeistelOrder:
     ``f`` a bijection of ``[0, N)``; ``2**b < 2N``, so a position takes fewer than two
     passes on average. Memory is the positions asked for; the time to resume at any
     position is that of one batch. The compiled ``readers/epochs/feistel.c`` runs the same
-    network (about 8 µs for a batch of 64 with the call, where numpy's array operations
-    take 300); without it, or with ``IMGPACK_KERNEL=0``, numpy computes the same numbers.
+    network without numpy's per-operation overhead (a bucketed loader asks for a batch's
+    positions at a time); without it, or with ``IMGPACK_KERNEL=0``, numpy computes the same
+    numbers.
     """
 
     num_samples: int

@@ -8,9 +8,9 @@ stream, ``imgpack verify``), which check here, so that a damaged sample is the s
 ``DatasetError`` naming ``shard[index]`` whichever path reads it.
 
 The CRC-32s of many samples are computed in one call (:func:`stored_crcs`): with the compiled
-``readers/formats/crc32.c``, without the GIL and by carry-less multiplication (about 1 µs
-for a 28 KB JPEG, where ``zlib.crc32`` takes 5 and releases and retakes the GIL per sample,
-which two decode threads then hand back and forth). Without it (not built, a CPU without
+``readers/formats/crc32.c``, without the GIL and by carry-less multiplication (several times
+``zlib.crc32``'s speed, which also releases and retakes the GIL per sample, which two decode
+threads then hand back and forth). Without it (not built, a CPU without
 PCLMULQDQ, or ``IMGPACK_KERNEL=0``), ``zlib.crc32`` per sample: the same numbers.
 """
 
@@ -52,8 +52,8 @@ def stored_crcs(values: Sequence[bytes | memoryview]) -> np.ndarray:
 def stored_crc(value: bytes | memoryview, start: int = 0) -> int:
     """``zlib.crc32(value, start)`` (:func:`readers.spec.sample_crc` of an encoded value, or
     of bytes after those of CRC ``start``), by the compiled CRC-32 where it is built: what
-    the converter's writers record, a sample or a piece at a time (~2.5 µs for 25 KB where
-    ``zlib.crc32`` takes ~8)."""
+    the converter's writers record, a sample or a piece at a time (faster than
+    ``zlib.crc32``)."""
     compiled = _compiled_crcs()
     return zlib.crc32(value, start) if compiled is None else compiled.crc(value, start)
 
