@@ -229,3 +229,15 @@ def test_make_loader_reads_in_one_screen() -> None:
     lines = body_lines(Path("readers/epochs/loader.py"), "make_loader")
     assert lines < 60, f"make_loader's body is {lines} lines: give a case a helper of its own"
     assert body_lines(Path("tests/test_layout.py"), "body_lines") == 7  # the measure itself
+
+
+# A timing or a speed-up measured on one machine: it goes stale in a comment and belongs in
+# docs/BENCHMARKS.md, with its machine, commit and command.
+MACHINE_SPEED = re.compile(r"\d\s?(µs|us|GB/s|MB/s)\b|\d+(\.\d+)?x (faster|slower)")
+
+
+@pytest.mark.parametrize("path", [*modules("convert", "readers"), *c_files("readers")], ids=str)
+def test_code_comments_state_no_machines_speed(path: Path) -> None:
+    text = (ROOT / path).read_text(encoding="utf-8")
+    found = [line.strip() for line in text.splitlines() if MACHINE_SPEED.search(line)]
+    assert not found, f"{path}: a machine's speed in the code (docs/BENCHMARKS.md): {found}"
