@@ -314,3 +314,44 @@ def test_bucketed_mixtures_resume_under_statefuldataloader(paths, shapes, worker
     resumed = make()
     resumed.load_state_dict(loader.state_dict())
     assert first + read(resumed) == whole
+
+
+def plan_peak(lengths: dict[str, int]) -> tuple[int, Any]:
+    """Epoch 0's plan of buckets over a simulated mixture of ``lengths`` (random buckets):
+    the peak bytes traced while making it, and the plan."""
+    import tracemalloc
+
+    import numpy as np
+
+    from readers.epochs.bucket_mixture import MixtureBuckets
+    from readers.epochs.mixture import Mixture, MixtureSource, make_schedule
+
+    sources = tuple(MixtureSource(name, n, f"sha-{name}") for name, n in lengths.items())
+    weights = make_schedule(dict.fromkeys(lengths, 1), sources)
+    mixture = Mixture(sources, weights, sum(lengths.values()), seed=3)
+    rng = np.random.default_rng(0)
+    assignments = tuple(rng.integers(0, len(BUCKETS.sizes), n) for n in lengths.values())
+    buckets = MixtureBuckets(BUCKETS, mixture, assignments, batch_size=64, drop_last=False)
+    assert buckets.assignments[0].itemsize == 1  # int64 given, a byte a sample kept
+    tracemalloc.start()
+    plan = buckets.epoch(0)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak, plan
+
+
+def test_an_epochs_plan_takes_a_few_bytes_a_slot_more_for_each_slot() -> None:
+    # what grows with the samples is held compactly: a plan's row four bytes below 2**31
+    # samples, and making it needs little more (int64 everywhere and a global argsort took
+    # over forty bytes a slot: tens of GB a rank at 1 B samples); what does not grow (the
+    # mixture's chunks of positions) cancels out between two sizes
+    import numpy as np
+
+    small, _ = plan_peak({"a": 1_500_000, "b": 500_000})
+    large, plan = plan_peak({"a": 4_500_000, "b": 1_500_000})
+    per_slot = (large - small) / 4_000_000
+    assert per_slot < 12, f"{per_slot:.1f} bytes a slot"
+    assert plan.members.itemsize == 4
+    first = int(plan.indices(np.array([0]))[0])
+    _, members = plan.batch_at(first)
+    assert members.dtype == np.int64 and len(members) == 64  # batches as int64, as before

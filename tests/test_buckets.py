@@ -25,7 +25,7 @@ from PIL import Image
 import readers
 from convert import ConvertOptions, convert_folder
 from readers.bucket_dataset import BucketCrop, make_bucket_loader
-from readers.epochs.buckets import AspectBuckets, BucketPlan
+from readers.epochs.buckets import AspectBuckets, BucketPlan, bucket_counts, group_by_bucket
 from readers.images import kernel
 from tests.photos import encode, photo_crop
 
@@ -414,3 +414,17 @@ def test_buckets_resume_under_statefuldataloader(photos, workers):
     resumed = make()
     resumed.load_state_dict(state)
     assert first + ids(resumed) == whole
+
+
+@pytest.mark.parametrize("n", [0, 1, 1000, (1 << 20) + 17, 3 * (1 << 20) + 5])
+def test_grouping_by_bucket_a_chunk_at_a_time_is_a_stable_argsort(n: int) -> None:
+    # the plans' compact grouping gives exactly what the global stable argsort it replaced
+    # gave (saved states resume the same batches), across its chunks' bounds
+    rng = np.random.default_rng(n)
+    rows = rng.permutation(n).astype(np.int32)
+    bucket_of = rng.integers(0, 7, n).astype(np.int8)
+    counts = bucket_counts(bucket_of, 7, rows)
+    assert counts.tolist() == np.bincount(bucket_of, minlength=7).tolist()
+    grouped = group_by_bucket(rows, bucket_of, counts)
+    assert grouped.dtype == np.int32
+    np.testing.assert_array_equal(grouped, rows[np.argsort(bucket_of[rows], kind="stable")])

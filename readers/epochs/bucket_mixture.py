@@ -30,7 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from readers.epochs.buckets import AspectBuckets, assignment_digest
+from readers.epochs.buckets import (
+    AspectBuckets,
+    assignment_digest,
+    bucket_counts,
+    bucket_dtype,
+    group_by_bucket,
+    index_dtype,
+)
 from readers.epochs.mixture import Mixture
 from readers.epochs.order import FeistelOrder
 
@@ -42,9 +49,10 @@ _KEPT = 2  # epochs' plans kept: the one read and the next, whose size the end a
 
 @dataclass(frozen=True, eq=False)
 class EpochBatches:
-    """One epoch's batches: ``members`` (indices of the sources laid end to end) bucket
-    after bucket, ``counts`` per bucket; batch ``g`` of the layout is batch ``g - first[k]``
-    of bucket ``k``, and position ``p`` of the epoch reads layout batch ``indices([p])``."""
+    """One epoch's batches: ``members`` (indices of the sources laid end to end, in
+    :func:`readers.epochs.buckets.index_dtype`) bucket after bucket, ``counts`` per bucket;
+    batch ``g`` of the layout is batch ``g - first[k]`` of bucket ``k``, and position ``p``
+    of the epoch reads layout batch ``indices([p])``."""
 
     members: np.ndarray
     counts: np.ndarray
@@ -79,7 +87,7 @@ class EpochBatches:
         k = int(np.searchsorted(self.first, batch, side="right")) - 1
         lo = int(self.starts[k]) + (batch - int(self.first[k])) * self.batch_size
         hi = min(lo + self.batch_size, int(self.starts[k + 1]))
-        return k, self.members[lo:hi]
+        return k, self.members[lo:hi].astype(np.int64)
 
 
 class MixtureBuckets:
@@ -112,10 +120,17 @@ class MixtureBuckets:
             raise ValueError(f"bucket assignments of {[len(a) for a in assignments]} samples, "
                              f"the sources have {lengths}")  # fmt: skip
         self.buckets, self.mixture = buckets, mixture
-        self.assignments = tuple(np.asarray(a, np.int64) for a in assignments)
         self.batch_size, self.drop_last = batch_size, drop_last
         self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        self._all = np.concatenate(self.assignments) if assignments else np.empty(0, np.int64)
+        # every source's assignment laid end to end, in the buckets' compact type; the
+        # sources' are views of it
+        dtype = bucket_dtype(len(buckets.sizes))
+        self._all = (
+            np.concatenate([np.asarray(a).astype(dtype, copy=False) for a in assignments])
+            if assignments
+            else np.empty(0, dtype)
+        )
+        self.assignments = tuple(np.split(self._all, self.offsets[1:-1]))
         self._epochs: dict[int, EpochBatches] = {}
 
     def with_mixture(self, mixture: Mixture) -> MixtureBuckets:
@@ -141,13 +156,12 @@ class MixtureBuckets:
     def _plan(self, epoch: int) -> EpochBatches:
         order = self.mixture.order(epoch)
         size = self.mixture.epoch_size
-        picked = np.empty(size, np.int64)
+        picked = np.empty(size, index_dtype(int(self.offsets[-1])))
         for lo in range(0, size, _CHUNK):
             source, sample = order.locate(np.arange(lo, min(lo + _CHUNK, size), dtype=np.int64))
             picked[lo : lo + len(source)] = self.offsets[source] + sample
-        bucket = self._all[picked]
-        members = picked[np.argsort(bucket, kind="stable")]  # by position within a bucket
-        counts = np.bincount(bucket, minlength=len(self.buckets.sizes))
+        counts = bucket_counts(self._all, len(self.buckets.sizes), picked)
+        members = group_by_bucket(picked, self._all, counts)  # by position within a bucket
         plan = EpochBatches(members, counts, self.batch_size, self.drop_last, None)
         if self.mixture.shuffle and plan.num_batches:
             seed = np.random.SeedSequence([self.mixture.seed, 0xBA7C]).generate_state(1, np.uint64)

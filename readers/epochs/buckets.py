@@ -32,9 +32,62 @@ import numpy as np
 
 from readers.epochs.order import FeistelOrder
 
-__all__ = ["AspectBuckets", "BucketPlan"]
+__all__ = [
+    "AspectBuckets",
+    "BucketPlan",
+    "bucket_counts",
+    "bucket_dtype",
+    "group_by_bucket",
+    "index_dtype",
+]
 
 _SAFE = 1 << 62  # int64 products stay exact below this; past it, Python integers
+_CHUNK = 1 << 20  # rows or samples worked on at a time: temporaries stay small at any N
+
+
+def bucket_dtype(buckets: int) -> type[np.signedinteger]:
+    """The smallest signed integer type that holds the index of each of ``buckets``."""
+    return next(t for t in (np.int8, np.int16, np.int32) if buckets <= np.iinfo(t).max + 1)
+
+
+def index_dtype(samples: int) -> type[np.signedinteger]:
+    """int32 for indices of fewer than 2**31 samples, else int64: a plan's rows take half
+    the memory of int64's below two billion samples."""
+    return np.int32 if samples <= np.iinfo(np.int32).max + 1 else np.int64
+
+
+def bucket_counts(
+    bucket_of: np.ndarray, buckets: int, rows: np.ndarray | None = None
+) -> np.ndarray:
+    """int64 ``[buckets]``: the rows in each bucket (``bucket_of[r]`` row ``r``'s; every
+    row of it, or ``rows``), counted a chunk at a time (``np.bincount`` of the whole would
+    widen it to int64 at once)."""
+    counts = np.zeros(buckets, np.int64)
+    total = len(bucket_of) if rows is None else len(rows)
+    for lo in range(0, total, _CHUNK):
+        chunk = bucket_of[lo : lo + _CHUNK] if rows is None else bucket_of[rows[lo : lo + _CHUNK]]
+        counts += np.bincount(chunk, minlength=buckets)
+    return counts
+
+
+def group_by_bucket(rows: np.ndarray, bucket_of: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``rows`` grouped bucket after bucket (``bucket_of[r]`` row ``r``'s, ``counts`` per
+    bucket as :func:`bucket_counts` gives them), in their given order within a bucket: what a
+    stable argsort by bucket gives, a chunk at a time, so that the only array as long as
+    ``rows`` made is the result (a global argsort's int64 order and its sort's scratch took
+    four times as much)."""
+    out = np.empty_like(rows)
+    cursor = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    for lo in range(0, len(rows), _CHUNK):
+        chunk = rows[lo : lo + _CHUNK]
+        bucket = bucket_of[chunk]
+        grouped = chunk[np.argsort(bucket, kind="stable")]
+        taken = 0
+        for k, n in enumerate(np.bincount(bucket, minlength=len(counts)).tolist()):
+            out[cursor[k] : cursor[k] + n] = grouped[taken : taken + n]
+            cursor[k] += n
+            taken += n
+    return out
 
 
 def _shapes(sizes: Sequence[Sequence[int]]) -> tuple[tuple[int, int], ...]:
@@ -122,9 +175,18 @@ class AspectBuckets:
         return np.argsort([w / h for h, w in self.sizes], kind="stable")
 
     def assign(self, sizes: np.ndarray) -> np.ndarray:
-        """int64 ``[n]``: the bucket (an index of :attr:`sizes`) of each stored ``(height,
-        width)`` in ``sizes`` (``[n, 2]``), by the rule in the module docstring."""
-        sizes = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        """``[n]``: the bucket (an index of :attr:`sizes`) of each stored ``(height, width)``
+        in ``sizes`` (``[n, 2]``), by the rule in the module docstring; in the smallest
+        integer type that holds a bucket's index (:func:`bucket_dtype`), computed a chunk
+        of rows at a time, so that a billion samples' assignment takes a byte each."""
+        sizes = np.asarray(sizes).reshape(-1, 2)
+        out = np.empty(len(sizes), bucket_dtype(len(self.sizes)))
+        for lo in range(0, len(sizes), _CHUNK):
+            out[lo : lo + _CHUNK] = self._assign(sizes[lo : lo + _CHUNK])
+        return out
+
+    def _assign(self, sizes: np.ndarray) -> np.ndarray:
+        sizes = np.asarray(sizes, dtype=np.int64)
         h, w = sizes[:, 0], sizes[:, 1]
         if len(h) and min(h.min(), w.min()) < 1:
             raise ValueError("bucket assignment: a stored size below 1 pixel")
@@ -142,7 +204,7 @@ class AspectBuckets:
             if wa * wb <= ha * hb:  # a * b <= 1: a tie goes to b (nearer square, or landscape)
                 past |= left == right
             rank += past.astype(np.int64)
-        return order[rank].astype(np.int64)
+        return order[rank]
 
     def __repr__(self) -> str:
         return f"AspectBuckets(sizes={list(self.sizes)}, jitter={self.jitter}, flip={self.flip})"
@@ -177,15 +239,15 @@ class BucketPlan:
 
     @cached_property
     def members(self) -> tuple[np.ndarray, ...]:
-        """Each bucket's samples, ascending."""
-        order = np.argsort(self.assignment, kind="stable")
-        ends = np.cumsum(self.counts)
-        return tuple(np.split(order, ends[:-1]))
+        """Each bucket's samples, ascending (:func:`index_dtype`)."""
+        rows = np.arange(len(self.assignment), dtype=index_dtype(len(self.assignment)))
+        grouped = group_by_bucket(rows, self.assignment, self.counts)
+        return tuple(np.split(grouped, np.cumsum(self.counts)[:-1]))
 
     @cached_property
     def counts(self) -> np.ndarray:
         """Samples in each bucket."""
-        return np.bincount(self.assignment, minlength=len(self.buckets.sizes))
+        return bucket_counts(self.assignment, len(self.buckets.sizes))
 
     @cached_property
     def batch_counts(self) -> np.ndarray:
@@ -225,7 +287,7 @@ class BucketPlan:
         slots = np.arange(lo, min(lo + self.batch_size, n), dtype=np.int64)
         if self.shuffle:
             slots = FeistelOrder(n, self._seeds(0xB0C4 + k), epoch).indices(slots)
-        return k, self.members[k][slots]
+        return k, self.members[k][slots].astype(np.int64)
 
     def state_dict(self) -> dict[str, Any]:
         """What a saved state must match: the buckets' sizes, the batching and the
