@@ -4,6 +4,7 @@ Ray instance with a driver process for it."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -96,10 +97,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist (one test process per core), torch's intra-op threads: one per
-    process, and in the processes the tests start. A team per process oversubscribed the
-    cores: each OpenMP barrier waited on a thread the other processes had descheduled, and
-    a small resize took 10-30 times as long."""
+    """SIGINT as a terminal leaves it; under pytest-xdist (one test process per core),
+    torch's intra-op threads: one per process, and in the processes the tests start. A team
+    per process oversubscribed the cores: each OpenMP barrier waited on a thread the other
+    processes had descheduled, and a small resize took 10-30 times as long."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # Started in the background by a script (`make test &`): SIGINT is ignored, and the
+        # conversions the tests interrupt would inherit that and never see their Ctrl-C.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
