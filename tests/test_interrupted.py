@@ -161,9 +161,6 @@ def test_resume_after_sigkill_mid_shard_equals_an_uninterrupted_run(
         workers = children(process.pid)
         process.send_signal(signal.SIGKILL)
     assert not (dst / spec.MANIFEST_NAME).exists()
-    # The workers' spool is left by the kill, in the DST (not in the system's /tmp) ...
-    spool = f"{spec.TMP_PREFIX}prepared-*"
-    assert len(list(dst.glob(spool))) == 1
     with pytest.raises(spec.DatasetError, match=r"incomplete conversion.*--resume"):
         load_manifest(dst)
     # The workers die with the main process: nothing is left writing or holding memory.
@@ -176,7 +173,6 @@ def test_resume_after_sigkill_mid_shard_equals_an_uninterrupted_run(
     assert done.returncode == 0, done.stderr
     kept = int(done.stdout.split("kept ")[1].split()[0])
     assert 3 * SHARD <= kept < IMAGES, done.stdout  # completed shards were not redone
-    assert not list(dst.glob(spool))  # ... where the resume removed it
     assert_same_as_reference(dst, ref_manifest, ref_shards)
 
 

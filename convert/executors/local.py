@@ -84,8 +84,7 @@ def _write_samples(job: Job, ledger: SequentialLedger, output: ShardedOutput) ->
     positions = range(start, len(job.samples))
     todo = map(job.samples.__getitem__, positions)  # made one at a time, not copied
     names = tuple(job.scan.fields)
-    transform, workers = job.options.transform, job.workers
-    stream = prepared_in_order(job.reader, job.samples, transform, workers, start, job.folder)
+    stream = prepared_in_order(job.reader, job.samples, job.options.transform, job.workers, start)
     with bar, contextlib.closing(stream):
         for position, sample, prepared in zip(positions, todo, stream, strict=True):
             bar.update()

@@ -8,8 +8,7 @@ decompression-bomb limit too):
 nothing reaches a worker through a module global or a process-wide setting, so one worker
 (run in the caller's process) behaves as a pool does and leaves the caller as it was.
 
-A worker's prepared chunk comes back as a file in a private spool folder (in the DST, or
-its staging folder: a run killed with SIGKILL leaves it where a resume clears it), and only the
+A worker's prepared chunk comes back as a file in a private spool folder, and only the
 file's name crosses the pool's result pipe. A write of under ``PIPE_BUF`` bytes to a pipe
 is atomic, so a worker killed at any moment (the OOM killer) leaves no half-written
 message: with megabytes of pixels in the pipe, the pool's reader thread waited forever
@@ -30,7 +29,6 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -106,13 +104,9 @@ def prepared_in_order(
     transform: Transform,
     workers: int,
     start: int = 0,
-    spool_in: Path | None = None,
 ) -> Iterator[Prepared | str]:
     """``samples[start:]`` prepared, in input order, from a process pool (or in-process for
-    1 worker); chunks of them travel to the workers, the table is never copied whole. The
-    workers' results pass through a spool folder made in ``spool_in``: a conversion gives
-    its own folder, where the next run or a resume removes what a killed run left (a
-    ``TMP_PREFIX`` name); without it, the system's temporary folder."""
+    1 worker); chunks of them travel to the workers, the table is never copied whole."""
     chunks = _Chunks(samples, start, workers)
     if workers <= 1:  # in this process, on one core as asked: torch's threads too
         threads = torch.get_num_threads()
@@ -123,7 +117,7 @@ def prepared_in_order(
         finally:
             torch.set_num_threads(threads)
         return
-    spool = tempfile.TemporaryDirectory(prefix=f"{spec.TMP_PREFIX}prepared-", dir=spool_in)
+    spool = tempfile.TemporaryDirectory(prefix="imgpack-prepared-")
     pool = ProcessPoolExecutor(workers, initializer=_init_worker)
 
     def submit(part: Sequence[Sample]) -> Future[str]:
