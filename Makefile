@@ -33,7 +33,7 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25  # the slowest tests named
 	@# the crop path again without the compiled kernel: the fallback must stay correct too
-	IMGPACK_KERNEL=0 $(BIN)/python -m pytest -q -n 2 -p no:cacheprovider tests/test_crop.py \
+	IMGPACK_KERNEL=0 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_crop.py \
 		tests/test_crop_large.py tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py tests/test_crc.py \
 		tests/test_buckets.py
 
