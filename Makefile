@@ -26,8 +26,12 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/python scripts/demo.py
 
+# The whole suite on two test processes (pytest-xdist): a test waiting on a server, a timeout
+# or a process group overlaps with one that computes. `--dist loadgroup` keeps each module
+# that starts a server, Ray or process groups on one worker (tests/conftest.py), and every
+# test passes beside another process running tests (free ports, its own tmp_path).
 test: setup
-	$(BIN)/python -m pytest -q --durations=25  # the slowest tests named, to keep the suite quick
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25  # the slowest tests named
 	@# the crop path again without the compiled kernel: the fallback must stay correct too
 	IMGPACK_KERNEL=0 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_crop.py \
 		tests/test_crop_large.py tests/test_decode.py tests/test_bad_input.py tests/test_read_options.py tests/test_crc.py \
@@ -35,7 +39,7 @@ test: setup
 
 # The quick tier: everything but loopback servers, Ray, torchrun, fuzzing, wheel builds and
 # soak runs (markers in setup.cfg; tests/conftest.py marks the server and cluster fixtures), on
-# every core (pytest-xdist). make test stays one process: what CI runs.
+# every core (pytest-xdist).
 QUICK = not (server or cluster or torchrun or fuzz or wheel or slow or soak)
 check: setup
 	$(BIN)/python -m pytest -q -n auto -m "$(QUICK)"

@@ -4,10 +4,12 @@ Ray instance with a driver process for it."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from convert import ConvertOptions, convert_folder
 from scripts.s3_server import S3Server
@@ -70,6 +72,10 @@ def ray_driver(ray_address: str) -> Iterator[RayDriver]:
 # marked torchrun, fuzz, wheel, slow or soak: a test that takes one of these fixtures is
 # marked by it, so a new one lands in the right tier without a decorator.
 _TIER_FIXTURES = {"s3_server": "server", "ray_address": "cluster", "ray_driver": "cluster"}
+# Under pytest-xdist (`--dist loadgroup`) a module's tests that share a server, a Ray
+# instance or process-group runs (module-scoped fixtures) stay on one worker, so that these
+# start once, not once per worker.
+_ONE_WORKER = ("server", "cluster", "torchrun")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -77,6 +83,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for fixture in getattr(item, "fixturenames", ()):
             if fixture in _TIER_FIXTURES:
                 item.add_marker(_TIER_FIXTURES[fixture])
+        if any(item.get_closest_marker(name) for name in _ONE_WORKER):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -86,3 +94,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--soak-samples", type=int, default=3000, help="samples in the soak dataset (3000)"
     )
     group.addoption("--soak-epochs", type=int, default=3, help="epochs per soak case (3)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGINT as a terminal leaves it; under pytest-xdist (one test process per core),
+    torch's intra-op threads: one per process, and in the processes the tests start. A team
+    per process oversubscribed the cores: each OpenMP barrier waited on a thread the other
+    processes had descheduled, and a small resize took 10-30 times as long."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # Started in the background by a script (`make test &`): SIGINT is ignored, and the
+        # conversions the tests interrupt would inherit that and never see their Ctrl-C.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
