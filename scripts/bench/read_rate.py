@@ -9,7 +9,8 @@ centre crop after the full decode), ``centre`` or ``random`` (``crop=`` inside t
 (``crop=CenterCrop(224)`` of images stored at 224: the kernel's crop path, no crop), ``none``
 (stored at that size: raw, or JPEGs read by the plain path), ``cover`` (``CenterCrop(224,
 ratio=1.0)``: resized to cover 224x224, centre-cropped) and ``buckets`` (the same into
-``AspectBuckets.around(224 * 224, 32, 2.0)``: 288x160 ... 160x288). ``--fields txt,json``: read
+``AspectBuckets.around(224 * 224, 32, 2.0)``: 288x160 ... 160x288; ``one-bucket``: one 224x224
+bucket, the cover crop's pixels through the bucketed loader). ``--fields txt,json``: read
 those fields too (``make_loader(..., fields=...)``). Several datasets with ``make-loader``:
 their mixture (``make_loader({name: path}, ...)``, shares by length). One untimed epoch, then
 ``--passes`` epochs timed; the result line is ``{"rate": samples/s, "unit": "samples/s",
@@ -39,6 +40,7 @@ CROPS: dict[str, Callable[[], dict[str, Any]]] = {
     "noop": lambda: {"crop": readers.CenterCrop(CROP)},
     "cover": lambda: {"crop": readers.CenterCrop(CROP, ratio=1.0)},
     "buckets": lambda: {"buckets": readers.AspectBuckets.around(CROP * CROP, 32, 2.0)},
+    "one-bucket": lambda: {"buckets": readers.AspectBuckets([(CROP, CROP)])},
     "none": dict,
 }
 
