@@ -39,6 +39,7 @@ from convert.output.remote import RemoteDestination
 from convert.samples import SampleTable
 from convert.scan import Scan
 from convert.sources import SampleSource, open_source
+from convert.temp_folders import sweep_temp_folders
 from readers import spec
 from readers.fields import Schema
 from readers.storage.remote import StorageError, is_url, local_path
@@ -115,6 +116,7 @@ def convert_folder(
     # The destination first: a busy, forbidden or missing one is refused before the scan,
     # which takes minutes on ImageNet.
     destination.claim(source.local_folder, overwrite, resume)
+    sweep_temp_folders()  # the spools and staged files of killed runs
     try:
         scan, samples = _scan(source, options)
         if on_error == "fail" and scan.problems:

@@ -36,7 +36,6 @@ import logging
 import math
 import os
 import signal
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -53,6 +52,7 @@ from convert.output.destination import Upload
 from convert.process import Prepared, Transform
 from convert.samples import Sample, SampleTable
 from convert.sources import SampleReader
+from convert.temp_folders import make_temp_folder, remove_temp_folder
 from convert.writers import Layout
 
 __all__ = ["ShardJob", "connected", "run_shards"]
@@ -175,10 +175,13 @@ def _write(task: ShardTask, upload: Upload | None, *parts: list[Prepared | str])
     if upload is None:
         outcome = write_shard(task, prepared)
     else:
-        with tempfile.TemporaryDirectory(prefix="imgpack-shard-") as folder:
+        folder = make_temp_folder("shard")
+        try:
             outcome = write_shard(replace(task, folder=folder), prepared)
             if outcome.shard is not None:
                 outcome.stored = upload(Path(folder), outcome.shard)
+        finally:
+            remove_temp_folder(folder)
     outcome.node = ray.get_runtime_context().get_node_id()
     return outcome
 

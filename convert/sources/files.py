@@ -13,14 +13,13 @@ import fnmatch
 import glob
 import os
 import re
-import shutil
-import tempfile
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from convert.temp_folders import make_temp_folder, remove_temp_folder
 from readers.storage.remote import RemoteFolder, is_url, local_path
 
 __all__ = [
@@ -142,8 +141,8 @@ class Spans:
     @classmethod
     def write(cls, rows: np.ndarray, owner: object) -> Spans:
         """Save ``rows`` into a temporary folder removed once ``owner`` is gone."""
-        folder = tempfile.mkdtemp(prefix="imgpack-source-")
-        weakref.finalize(owner, shutil.rmtree, folder, True)
+        folder = make_temp_folder("source")
+        weakref.finalize(owner, remove_temp_folder, folder)
         path = Path(folder) / "spans.npy"
         table = np.asarray(rows, dtype=np.int64)
         np.save(path, table if table.ndim == 2 else table.reshape(-1, 3), allow_pickle=False)

@@ -14,9 +14,7 @@ offset and which is removed with the source.
 
 from __future__ import annotations
 
-import shutil
 import tarfile
-import tempfile
 import weakref
 import zlib
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from convert.sources.files import open_file
+from convert.temp_folders import make_temp_folder, remove_temp_folder
 from readers.storage.remote import is_url
 
 __all__ = ["IMAGE_EXTS", "TAR_SUFFIXES", "Member", "Staging", "TarSample", "split_name", "walk"]
@@ -73,8 +72,8 @@ class Staging:
 
     def file_for(self, number: int, tar: str) -> Path:
         if self._folder is None:
-            self._folder = Path(tempfile.mkdtemp(prefix="imgpack-staged-"))
-            weakref.finalize(self._owner(), shutil.rmtree, self._folder, True)
+            self._folder = Path(make_temp_folder("staged"))
+            weakref.finalize(self._owner(), remove_temp_folder, self._folder)
         path = self._folder / f"{number:06d}-{tar.rstrip('/').rpartition('/')[2]}.images"
         self.staged[tar] = str(path)
         return path

@@ -1,0 +1,140 @@
+"""The temporary folders of conversions (``convert.temp_folders``): a folder a killed process
+left is swept by the next conversion; a live process's, a fresh one and anything not ours
+are left alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from convert import ConvertOptions, convert_folder
+from convert.temp_folders import (
+    GRACE_SECONDS,
+    make_temp_folder,
+    remove_temp_folder,
+    sweep_temp_folders,
+)
+from readers import spec
+from tests.photos import photo_folder
+
+ROOT = Path(__file__).resolve().parent.parent
+HOLDER = (
+    "import sys, time\n"
+    "from convert.temp_folders import make_temp_folder\n"
+    "print(make_temp_folder(sys.argv[1], sys.argv[2]), flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def hold_folder(kind: str, where: Path) -> tuple[subprocess.Popen, Path]:
+    """A process holding a new temporary folder of ours, and the folder."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, kind, str(where)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return process, Path(process.stdout.readline().strip())
+
+
+def age(folder: Path, seconds: float = 2 * GRACE_SECONDS) -> None:
+    """Make ``folder`` look unchanged for ``seconds``."""
+    then = time.time() - seconds
+    os.utime(folder, (then, then))
+
+
+def test_only_folders_whose_process_died_are_swept(tmp_path):
+    live, live_folder = hold_folder("prepared", tmp_path)
+    killed, killed_folder = hold_folder("prepared", tmp_path)
+    fresh_killed, fresh_folder = hold_folder("staged", tmp_path)
+    try:
+        (killed_folder / "chunk.prepared").write_bytes(b"x" * 1000)
+        for process in (killed, fresh_killed):
+            process.kill()
+            process.communicate()
+        not_ours = tmp_path / "other-tool-123"
+        not_ours.mkdir()
+        a_file = tmp_path / "imgpack-notes.txt"
+        a_file.write_text("a file, not a folder")
+        for path in (live_folder, killed_folder, not_ours, a_file):
+            age(path)
+
+        assert sweep_temp_folders(str(tmp_path)) == [killed_folder]
+        assert not killed_folder.exists()
+        # held by a live process, changed within the grace period, or not ours: kept
+        assert live_folder.is_dir() and fresh_folder.is_dir()
+        assert not_ours.is_dir() and a_file.is_file()
+    finally:
+        live.kill()
+        live.communicate()
+    age(fresh_folder)
+    assert sorted(sweep_temp_folders(str(tmp_path))) == sorted([live_folder, fresh_folder])
+
+
+def test_a_folder_this_process_holds_is_kept_until_it_removes_it(tmp_path):
+    folder = Path(make_temp_folder("source", str(tmp_path)))
+    age(folder)
+    assert sweep_temp_folders(str(tmp_path)) == []
+    remove_temp_folder(folder)
+    assert not folder.exists()
+    assert sweep_temp_folders(str(tmp_path)) == []
+
+
+def test_the_spool_of_a_conversion_killed_mid_run_is_removed_by_the_next_run(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    photo_folder(src, 40, 96, 128)
+    dst, temp = tmp_path / "dst", tmp_path / "tmp"
+    temp.mkdir()
+    release = tmp_path / "release"  # never made: the run stays held after its first shard
+    command = [sys.executable, "-m", "tests.held_cli", "1", str(release), "convert"]
+    command += [str(src), str(dst), "--format", "lmdb", "--shard-size", "10", "--workers", "2"]
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(temp)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while (
+            not (dst / spec.JOURNAL_NAME).exists()
+            or len((dst / spec.JOURNAL_NAME).read_text(encoding="utf-8").splitlines()) < 2
+        ):
+            assert process.poll() is None, "the conversion ended before its first shard"
+            assert time.monotonic() < deadline, "the conversion made no progress"
+            time.sleep(0.01)
+        workers = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    while any(Path(f"/proc/{pid}").exists() for pid in workers):  # they die with it
+        assert time.monotonic() < deadline, f"workers {workers} outlived the conversion"
+        time.sleep(0.01)
+    (spool,) = temp.glob("imgpack-prepared-*")  # what a SIGKILL leaves
+    age(spool)
+
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    options = ConvertOptions("lmdb", shard_size=10)
+    result = convert_folder(src, dst, options, workers=2, resume=True, progress=False)
+    assert result.written == 40 and 10 <= result.resumed < 40  # it did resume
+    assert not spool.exists()
+    assert list(temp.iterdir()) == []  # and the resumed run's own folders are gone
+
+
+@pytest.mark.parametrize("kind", ["prepared", "shard"])
+def test_a_folder_made_is_named_by_kind_and_removed_whole(tmp_path, kind):
+    folder = Path(make_temp_folder(kind, str(tmp_path)))
+    assert folder.name.startswith(f"imgpack-{kind}-") and folder.parent == tmp_path
+    (folder / "inner").mkdir()
+    (folder / "inner" / "file").write_bytes(b"data")
+    remove_temp_folder(folder)
+    assert not folder.exists()
