@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,9 @@ def test_sizes_are_the_stored_images_sizes(dataset, fmt, encoding):
     assert [tuple(s) for s in sizes.tolist()] == [stored_size(ds.stored(i)) for i in range(N)]
     assert [tuple(s) for s in sizes.tolist()] == [tuple(ds[i][0].shape[1:]) for i in range(N)]
     assert ds.sizes is sizes  # read once per dataset object
+    # not shipped to spawned workers (16 bytes a sample); read again where asked for
+    sent = pickle.loads(pickle.dumps(ds))
+    assert "sizes" not in sent.__dict__ and np.array_equal(sent.sizes, sizes)
 
 
 def held_epoch(loader: readers.Loader) -> list[Any]:
