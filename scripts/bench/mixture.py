@@ -12,7 +12,9 @@ buckets: the one dataset read in batches of one aspect bucket each
          (``AspectBuckets.around(224 * 224, 32, 2.0)``) against the fixed-size crop doing the
          same work (``CenterCrop(224, ratio=1.0)``: cover, then centre crop), interleaved in the
          same rounds. Target: >= 0.9x. Beside them, one 224x224 bucket: the cover crop's
-         pixels through the bucketed loader, what the bucketing itself costs.
+         pixels through the bucketed loader, what the bucketing itself costs; and the pixels
+         each decodes a sample (its boxes' mean area: a bucket keeps more of an image than a
+         square does), so that rates can be compared per decoded pixel too.
 resume:  a mixture of three sources totalling 1 B samples (600 M, 300 M, 100 M; weights
          0.5, 0.3, 0.2; simulated: lengths only, no data), its state saved on 8 ranks after 40
          steps of 256 and loaded on 12: the time from ``load_state_dict`` to the first batch
@@ -32,10 +34,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+import readers
 from convert import ConvertOptions, convert_folder
+from readers.bucket_dataset import BucketCrop
 from scripts.bench.ab import run_child
 from scripts.bench.common import machine_info, print_machine, write_json
 from scripts.bench.epochs import BATCH, measure_resume
+from scripts.bench.read_rate import CROPS
 from scripts.bench.settings import FOLDER, QUALITY, RESIZE, ROOT, WORK
 
 PARTS = {"part-a": range(0, 4), "part-b": range(4, 7), "part-c": range(7, 10)}
@@ -95,6 +102,23 @@ def datasets(folder: Path, work: Path) -> tuple[Path, list[Path]]:
     return one, parts
 
 
+def decoded_pixels(dataset: Path) -> dict[str, float]:
+    """The mean box a sample (full-size pixels decoded) of the cover crop and the buckets."""
+    sizes = readers.open_dataset(dataset).sizes
+    indices = np.arange(len(sizes))
+    cover = CROPS["cover"]()["crop"].boxes(sizes, indices)
+    buckets = CROPS["buckets"]()["buckets"]
+    assignment = buckets.assign(sizes)
+    bucketed = np.zeros_like(cover)
+    for k in range(len(buckets.sizes)):
+        rows = assignment == k
+        bucketed[rows] = BucketCrop(buckets, bucket=k).boxes(sizes[rows], indices[rows])
+    return {
+        "fixed cover crop": float(np.mean(cover[:, 2] * cover[:, 3])),
+        "buckets": float(np.mean(bucketed[:, 2] * bucketed[:, 3])),
+    }
+
+
 def main() -> None:
     if sys.argv[1:2] == ["child-resume"]:
         return child_resume()
@@ -134,6 +158,8 @@ def main() -> None:
     bucketed_cpu = [
         b / f for b, f in zip(cpu_rates["buckets"], cpu_rates["fixed cover crop"], strict=True)
     ]
+    pixels = decoded_pixels(one)
+    per_pixel = statistics.median(bucketed) * pixels["buckets"] / pixels["fixed cover crop"]
     resumes = [run_child(ROOT, "mixture", ["child-resume"]) for _ in range(3)]
     results = {
         "machine": info,
@@ -145,11 +171,14 @@ def main() -> None:
         "cpu_rates": cpu_rates,
         "buckets_cpu_median_ratio": statistics.median(bucketed_cpu),
         "one_bucket_median_ratio": statistics.median(machinery),
+        "decoded_pixels": pixels,
+        "buckets_per_pixel_median_ratio": per_pixel,
         "resume_1b": resumes,
     }
     print(f"mixture / one source: median {results['median_ratio']:.3f} ({ratios})")
     print(f"buckets / fixed cover crop: median {statistics.median(bucketed):.3f} ({bucketed})")
     print(f"  per CPU-second: median {statistics.median(bucketed_cpu):.3f}")
+    print(f"  per decoded pixel: {per_pixel:.3f} (a sample: {pixels})")
     print(f"one 224x224 bucket / fixed cover crop: median {statistics.median(machinery):.3f}")
     for r in resumes:
         print(f"resume 1 B: {r['seconds'] * 1000:.1f} ms, {r['extra_mib']:.1f} MiB extra")
