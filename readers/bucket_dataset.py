@@ -38,7 +38,14 @@ from readers.epochs.state import EpochState, subset_digest
 from readers.images.crop import Crop, uniforms
 from readers.placement import Placement
 
-__all__ = ["BucketCrop", "BucketDataset", "BucketLoader", "BucketSampler", "make_bucket_loader"]
+__all__ = [
+    "BucketCrop",
+    "BucketDataset",
+    "BucketLoader",
+    "BucketSampler",
+    "make_bucket_loader",
+    "stored_buckets",
+]
 
 
 class BucketCrop(Crop):
@@ -201,6 +208,15 @@ class BucketLoader(Loader):
         super().load_state_dict(state)
 
 
+def stored_buckets(buckets: AspectBuckets, dataset: ImageDataset) -> np.ndarray:
+    """Each sample's bucket (:meth:`AspectBuckets.assign`) from the sizes the shards record,
+    read a shard at a time: a plan never holds every sample's int64 size (16 bytes a sample,
+    16 GB a rank at a billion), as :attr:`readers.ImageDataset.sizes` would for the
+    dataset's life."""
+    parts = [buckets.assign(shard.sizes()) for shard in dataset.each_shard()]
+    return np.concatenate(parts) if parts else buckets.assign(np.empty((0, 2), np.int64))
+
+
 def make_bucket_loader(
     path: str | os.PathLike[str] | ImageDataset,
     batch_size: int,
@@ -240,13 +256,14 @@ def make_bucket_loader(
     crop = BucketCrop(buckets, seed)
     dataset = with_read_options(opened, None, decode_threads, True, crop, fields)
     chosen = None if indices is None else selected_indices(indices, len(dataset))
-    sizes = dataset.sizes if chosen is None else dataset.sizes[chosen]
+    assignment = stored_buckets(buckets, dataset)
+    assignment = assignment if chosen is None else assignment[chosen]
     subset = None if chosen is None else subset_digest(chosen)
-    plan = BucketPlan(buckets, buckets.assign(sizes), batch_size, drop_last, seed, shuffle, subset)
+    plan = BucketPlan(buckets, assignment, batch_size, drop_last, seed, shuffle, subset)
     if plan.num_batches == 0:
         raise ValueError(
             f"{dataset.manifest.location}: no batch in any bucket (batch_size={batch_size}, "
-            f"drop_last={drop_last}, {len(sizes)} samples)"
+            f"drop_last={drop_last}, {len(assignment)} samples)"
         )
     sampler = BucketSampler(plan, drop_last=drop_last, placement=placement)
     bucketed = BucketDataset(dataset, plan, chosen)

@@ -25,7 +25,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from readers.batches_ahead import BatchesAhead, Begun
-from readers.bucket_dataset import BucketCrop, BucketLoader
+from readers.bucket_dataset import BucketCrop, BucketLoader, stored_buckets
 from readers.dataset import ImageDataset
 from readers.epochs.bucket_mixture import EpochBatches, MixtureBuckets
 from readers.epochs.buckets import AspectBuckets
@@ -237,7 +237,7 @@ def make_bucket_mixture_loader(
         cache_dir=cache_dir,
         one_shape=False,
     )
-    assignments = tuple(buckets.assign(d.sizes) for d in datasets.values())
+    assignments = tuple(stored_buckets(buckets, d) for d in datasets.values())
     plan = MixtureBuckets(buckets, mixture, assignments, batch_size, drop_last)
     if plan.batch_count(0) == 0:
         raise ValueError(

@@ -72,6 +72,8 @@ def mixed(paths: dict[str, Path], batch_size: int = 4, **kw: Any) -> BucketMixtu
     assert isinstance(loader, BucketMixtureLoader)
     assert readers.BucketMixtureLoader is BucketMixtureLoader  # the public name
     assert isinstance(loader, readers.MixtureLoader) and isinstance(loader, readers.BucketLoader)
+    datasets = loader.dataset.mixture.datasets.values()
+    assert not any("sizes" in vars(d) for d in datasets)  # read a shard at a time, not kept
     return loader
 
 

@@ -159,6 +159,8 @@ def test_batches_hold_one_bucket_each_sample_in_its_nearest(photos, case):
     expected = {i: nearest(h, w, BUCKETS.sizes) for i, (h, w) in enumerate(photo_sizes())}
     assert len(set(expected.values())) == 5  # every bucket has photos
     loader = make_bucket_loader(photos[case], 4, BUCKETS, seed=1)
+    assert loader.plan.assignment.tolist() == [expected[i] for i in range(N)]
+    assert "sizes" not in vars(loader.dataset.dataset)  # read a shard at a time, not kept
     seen = []
     for images, labels in loader:
         shapes = {BUCKETS.sizes[expected[i]] for i in labels.tolist()}
