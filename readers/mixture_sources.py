@@ -103,5 +103,9 @@ def _shape(dataset: ImageDataset) -> str:
     layout = dataset.manifest.layout
     if layout.kind is StorageKind.FIXED_PIXELS and layout.shape:  # no shard opened
         return "{}x{}".format(*layout.shape[:2])
-    sizes = np.unique(dataset.sizes, axis=0) if len(dataset) else np.empty((0, 2))
-    return "{}x{}".format(*sizes[0]) if len(sizes) == 1 else "various sizes"
+    shapes: set[tuple[int, int]] = set()
+    for shard in dataset.each_shard():  # a shard's sizes at a time: none kept
+        shapes.update(map(tuple, np.unique(shard.sizes(), axis=0).tolist()))
+        if len(shapes) > 1:
+            break
+    return "{}x{}".format(*shapes.pop()) if len(shapes) == 1 else "various sizes"
