@@ -52,7 +52,7 @@ from convert.output.destination import Upload
 from convert.process import Prepared, Transform
 from convert.samples import Sample, SampleTable
 from convert.sources import SampleReader
-from convert.temp_folders import make_temp_folder, remove_temp_folder
+from convert.temp_folders import make_temp_folder, remove_temp_folder, sweep_temp_folders
 from convert.writers import Layout
 
 __all__ = ["ShardJob", "connected", "run_shards"]
@@ -175,6 +175,7 @@ def _write(task: ShardTask, upload: Upload | None, *parts: list[Prepared | str])
     if upload is None:
         outcome = write_shard(task, prepared)
     else:
+        sweep_temp_folders()  # what killed tasks left on this node (the driver's sweeps its own)
         folder = make_temp_folder("shard")
         try:
             outcome = write_shard(replace(task, folder=folder), prepared)
