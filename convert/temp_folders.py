@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["PREFIX", "make_temp_folder", "remove_temp_folder", "sweep_temp_folders"]
+__all__ = ["PREFIX", "TempFolder", "sweep_temp_folders"]
 
 PREFIX = "imgpack-"
 """Every temporary folder's name starts so: ``imgpack-<kind>-<random>``."""
@@ -31,31 +31,32 @@ GRACE_SECONDS = 60.0
 """A folder changed less than this long ago is never swept: between ``mkdtemp`` and its
 ``flock`` a new folder is briefly unlocked."""
 
-_HELD: dict[str, int] = {}  # folder -> the descriptor whose flock holds it
 
+class TempFolder:
+    """A new folder ``imgpack-<kind>-*`` in ``where`` (None: the temporary directory), held
+    by this process (and the processes it forks) until :meth:`remove`."""
 
-def make_temp_folder(kind: str, where: str | None = None) -> str:
-    """A new folder ``imgpack-<kind>-*`` in ``where`` (None: the temporary directory),
-    held by this process (and the processes it forks) until :func:`remove_temp_folder`."""
-    folder = tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-", dir=where)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: no one else can hold it yet
-    _HELD[folder] = fd
-    return folder
+    def __init__(self, kind: str, where: str | None = None) -> None:
+        self.path = tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-", dir=where)
+        self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: no one else can hold it
 
+    def remove(self) -> None:
+        """Remove the folder, then let go of its lock (once; later calls do nothing)."""
+        if self._fd is None:
+            return
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._fd)
+        self._fd = None
 
-def remove_temp_folder(folder: str | os.PathLike[str]) -> None:
-    """Remove a folder :func:`make_temp_folder` made, then let go of its lock."""
-    shutil.rmtree(folder, ignore_errors=True)
-    fd = _HELD.pop(os.fspath(folder), None)
-    if fd is not None:
-        os.close(fd)
+    def __repr__(self) -> str:
+        return f"TempFolder({self.path!r}{'' if self._fd is not None else ', removed'})"
 
 
 def sweep_temp_folders(where: str | None = None) -> list[Path]:
-    """Remove the folders of ours in ``where`` (None: the temporary directory) that no
-    process holds: this user's, unchanged for :data:`GRACE_SECONDS`, their lock free.
-    Returns the folders removed. Anything that cannot be looked at is left alone."""
+    """Remove the folders of ours (:class:`TempFolder`) in ``where`` (None: the temporary
+    directory) that no process holds: this user's, unchanged for :data:`GRACE_SECONDS`,
+    their lock free. Returns the folders removed; what cannot be looked at is left alone."""
     root = Path(where or tempfile.gettempdir())
     removed = []
     with contextlib.suppress(OSError):

@@ -15,20 +15,15 @@ from pathlib import Path
 import pytest
 
 from convert import ConvertOptions, convert_folder
-from convert.temp_folders import (
-    GRACE_SECONDS,
-    make_temp_folder,
-    remove_temp_folder,
-    sweep_temp_folders,
-)
+from convert.temp_folders import GRACE_SECONDS, TempFolder, sweep_temp_folders
 from readers import spec
 from tests.photos import photo_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLDER = (
     "import sys, time\n"
-    "from convert.temp_folders import make_temp_folder\n"
-    "print(make_temp_folder(sys.argv[1], sys.argv[2]), flush=True)\n"
+    "from convert.temp_folders import TempFolder\n"
+    "print(TempFolder(sys.argv[1], sys.argv[2]).path, flush=True)\n"
     "time.sleep(120)\n"
 )
 
@@ -79,11 +74,12 @@ def test_only_folders_whose_process_died_are_swept(tmp_path):
 
 
 def test_a_folder_this_process_holds_is_kept_until_it_removes_it(tmp_path):
-    folder = Path(make_temp_folder("source", str(tmp_path)))
-    age(folder)
+    folder = TempFolder("source", str(tmp_path))
+    age(Path(folder.path))
     assert sweep_temp_folders(str(tmp_path)) == []
-    remove_temp_folder(folder)
-    assert not folder.exists()
+    folder.remove()
+    folder.remove()  # once is enough; again does nothing
+    assert not Path(folder.path).exists() and "removed" in repr(folder)
     assert sweep_temp_folders(str(tmp_path)) == []
 
 
@@ -132,9 +128,10 @@ def test_the_spool_of_a_conversion_killed_mid_run_is_removed_by_the_next_run(tmp
 
 @pytest.mark.parametrize("kind", ["prepared", "shard"])
 def test_a_folder_made_is_named_by_kind_and_removed_whole(tmp_path, kind):
-    folder = Path(make_temp_folder(kind, str(tmp_path)))
+    made = TempFolder(kind, str(tmp_path))
+    folder = Path(made.path)
     assert folder.name.startswith(f"imgpack-{kind}-") and folder.parent == tmp_path
     (folder / "inner").mkdir()
     (folder / "inner" / "file").write_bytes(b"data")
-    remove_temp_folder(folder)
+    made.remove()
     assert not folder.exists()

@@ -36,7 +36,7 @@ import torch
 from convert.process import Prepared, Transform, prepare
 from convert.scan import Sample
 from convert.sources.base import SampleReader, WithFields
-from convert.temp_folders import make_temp_folder, remove_temp_folder
+from convert.temp_folders import TempFolder
 from readers import spec
 
 __all__ = ["WorkerDiedError", "prepare_samples", "prepared_in_order"]
@@ -118,11 +118,11 @@ def prepared_in_order(
         finally:
             torch.set_num_threads(threads)
         return
-    spool = make_temp_folder("prepared")
+    spool = TempFolder("prepared")
     pool = ProcessPoolExecutor(workers, initializer=_init_worker)
 
     def submit(part: Sequence[Sample]) -> Future[str]:
-        return pool.submit(_prepare_into_spool, reader, transform, part, spool)
+        return pool.submit(_prepare_into_spool, reader, transform, part, spool.path)
 
     try:
         # A bounded window of chunks in flight: memory stays flat whatever the folder size,
@@ -145,7 +145,7 @@ def prepared_in_order(
             yield from results
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # waits for the chunks running now
-        remove_temp_folder(spool)
+        spool.remove()
 
 
 class _Chunks:

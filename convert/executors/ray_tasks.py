@@ -52,7 +52,7 @@ from convert.output.destination import Upload
 from convert.process import Prepared, Transform
 from convert.samples import Sample, SampleTable
 from convert.sources import SampleReader
-from convert.temp_folders import make_temp_folder, remove_temp_folder, sweep_temp_folders
+from convert.temp_folders import TempFolder, sweep_temp_folders
 from convert.writers import Layout
 
 __all__ = ["ShardJob", "connected", "run_shards"]
@@ -176,13 +176,13 @@ def _write(task: ShardTask, upload: Upload | None, *parts: list[Prepared | str])
         outcome = write_shard(task, prepared)
     else:
         sweep_temp_folders()  # what killed tasks left on this node (the driver's sweeps its own)
-        folder = make_temp_folder("shard")
+        folder = TempFolder("shard")
         try:
-            outcome = write_shard(replace(task, folder=folder), prepared)
+            outcome = write_shard(replace(task, folder=folder.path), prepared)
             if outcome.shard is not None:
-                outcome.stored = upload(Path(folder), outcome.shard)
+                outcome.stored = upload(Path(folder.path), outcome.shard)
         finally:
-            remove_temp_folder(folder)
+            folder.remove()
     outcome.node = ray.get_runtime_context().get_node_id()
     return outcome
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from convert.temp_folders import make_temp_folder, remove_temp_folder
+from convert.temp_folders import TempFolder
 from readers.storage.remote import RemoteFolder, is_url, local_path
 
 __all__ = [
@@ -141,9 +141,9 @@ class Spans:
     @classmethod
     def write(cls, rows: np.ndarray, owner: object) -> Spans:
         """Save ``rows`` into a temporary folder removed once ``owner`` is gone."""
-        folder = make_temp_folder("source")
-        weakref.finalize(owner, remove_temp_folder, folder)
-        path = Path(folder) / "spans.npy"
+        folder = TempFolder("source")
+        weakref.finalize(owner, folder.remove)
+        path = Path(folder.path) / "spans.npy"
         table = np.asarray(rows, dtype=np.int64)
         np.save(path, table if table.ndim == 2 else table.reshape(-1, 3), allow_pickle=False)
         return cls(str(path))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from convert.sources.files import open_file
-from convert.temp_folders import make_temp_folder, remove_temp_folder
+from convert.temp_folders import TempFolder
 from readers.storage.remote import is_url
 
 __all__ = ["IMAGE_EXTS", "TAR_SUFFIXES", "Member", "Staging", "TarSample", "split_name", "walk"]
@@ -67,14 +67,14 @@ class Staging:
 
     def __init__(self, owner: object) -> None:
         self._owner = weakref.ref(owner)
-        self._folder: Path | None = None
+        self._folder: TempFolder | None = None
         self.staged: dict[str, str] = {}  # tar -> its staged file
 
     def file_for(self, number: int, tar: str) -> Path:
         if self._folder is None:
-            self._folder = Path(make_temp_folder("staged"))
-            weakref.finalize(self._owner(), remove_temp_folder, self._folder)
-        path = self._folder / f"{number:06d}-{tar.rstrip('/').rpartition('/')[2]}.images"
+            self._folder = TempFolder("staged")
+            weakref.finalize(self._owner(), self._folder.remove)
+        path = Path(self._folder.path) / f"{number:06d}-{tar.rstrip('/').rpartition('/')[2]}.images"
         self.staged[tar] = str(path)
         return path
 
