@@ -39,7 +39,10 @@ class TempFolder:
     def __init__(self, kind: str, where: str | None = None) -> None:
         self.path = tempfile.mkdtemp(prefix=f"{PREFIX}{kind}-", dir=where)
         self._fd: int | None = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: no one else can hold it
+        # New, so no one else holds it. A file system without flock (some FUSE mounts) fails
+        # here and in the sweep alike, which then leaves the folder alone: not an error.
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     def remove(self) -> None:
         """Remove the folder, then let go of its lock (once; later calls do nothing)."""
