@@ -29,10 +29,12 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "KINDS",
@@ -244,6 +246,8 @@ def collate_field(spec: FieldSpec, values: Sequence[Any]) -> torch.Tensor | list
     """A batch of one field's values: int and float as an int64/float64 tensor when none is
     missing, fixed-shape arrays stacked, everything else (text, json, bytes, arrays of
     varying shape, a batch with a missing value) the list as it is."""
+    import torch  # here, where batches are made: the converter imports this module too
+
     if not values or any(v is None for v in values):
         return list(values)
     if spec.kind == "int":

@@ -1,4 +1,5 @@
-"""``imgpack --help`` and ``--version`` start without torch (1.5 s of imports, 0.05 s without).
+"""``imgpack --help`` and ``--version`` start without torch (1.5 s of imports, 0.05 s without),
+and so does a conversion of JPEGs to any format but ``pt``.
 
 The command's modules load when their command runs (``convert.cli.COMMANDS``), and the public
 names of ``readers`` and ``convert`` are imported on first use (PEP 562), so these tests pin
@@ -22,6 +23,8 @@ from click.testing import CliRunner
 import convert
 import readers
 from convert.cli import COMMANDS, main
+from readers.images import kernel
+from readers.images.decode import decoder_name
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = """
@@ -48,6 +51,40 @@ def test_help_and_version_do_not_import_torch(flag: str) -> None:
     assert run.stdout.rstrip().endswith("torch imported: False"), run.stdout
     expected = f"version {readers.__version__}" if flag == "--version" else "Commands:"
     assert expected in run.stdout
+
+
+CONVERSIONS = """
+import sys
+from convert.cli import main
+for fmt in sys.argv[3:]:
+    try:
+        main(["convert", sys.argv[1], f"{sys.argv[2]}/{fmt}", "--format", fmt, "--workers", "2"])
+    except SystemExit as e:
+        assert e.code == 0, e.code
+    print(fmt, "torch imported:", "torch" in sys.modules)
+"""
+
+
+@pytest.mark.skipif(
+    kernel.crop_kernel() is None or decoder_name() != "turbojpeg",
+    reason="without the compiled kernel and PyTurboJPEG, torch resizes the JPEGs",
+)
+def test_a_conversion_of_jpegs_imports_torch_only_to_write_pt(tmp_path: Path) -> None:
+    """The kernel resizes JPEGs, the other formats' writers and the shard checks need no
+    torch: the main process starts a second sooner (the pool's workers are forked)."""
+    formats = ["lmdb", "hdf5", "wds", "pt"]
+    run = subprocess.run(
+        [sys.executable, "-c", CONVERSIONS, str(ROOT / "sample_data"), str(tmp_path), *formats],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    imported = [line.split()[-1] for line in run.stdout.splitlines() if "torch imported" in line]
+    assert imported == ["False", "False", "False", "True"], run.stdout
+    for fmt in formats:
+        assert len(readers.open_dataset(tmp_path / fmt)) == 32
 
 
 def test_help_lists_every_command_and_each_loads_when_it_runs() -> None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 __all__ = ["center_crop", "resize_shorter", "shorter_size"]
 
@@ -33,6 +31,11 @@ def resize_shorter(
     whole = (h, w) == pixels.shape[:2]
     if whole and (h, w) == (new_h, new_w):
         return pixels
+    # Here, not at the top: JPEGs, most of a conversion, are resized by the compiled kernel
+    # (convert.codec.recipe), and a conversion that never comes here never imports torch.
+    import torch
+    import torch.nn.functional as F
+
     batch = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1).unsqueeze(0)
     if whole:
         resized = F.interpolate(batch, size=(new_h, new_w), mode="bilinear", antialias=True)

@@ -24,6 +24,7 @@ import itertools
 import os
 import pickle
 import signal
+import sys
 import tempfile
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -31,7 +32,6 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
-import torch
 
 from convert.process import Prepared, Transform, prepare
 from convert.scan import Sample
@@ -110,6 +110,8 @@ def prepared_in_order(
     1 worker); chunks of them travel to the workers, the table is never copied whole."""
     chunks = _Chunks(samples, start, workers)
     if workers <= 1:  # in this process, on one core as asked: torch's threads too
+        import torch  # a pool's main process never needs it (see _init_worker)
+
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -180,7 +182,11 @@ class _Chunks:
 
 
 def _init_worker() -> None:
-    torch.set_num_threads(1)  # parallelism comes from the worker processes
+    # Parallelism comes from the worker processes: one torch thread each, whether torch came
+    # with the fork or a sample's resize imports it here later (it reads the variable then).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the CLI's handler: stop when told
     _die_with_parent()

@@ -6,11 +6,11 @@ formats that take ``--compression`` are read from it.
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from convert.writers.base import Layout, Record, ShardedOutput, ShardWriter, WriterFactory
 from convert.writers.hdf5 import Hdf5Writer
 from convert.writers.lmdb import LmdbWriter
-from convert.writers.pt import PtWriter
 from convert.writers.wds import WdsWriter
 
 __all__ = [
@@ -24,6 +24,15 @@ __all__ = [
 ]
 
 
+def pt_writer(path: Path, layout: Layout) -> ShardWriter:
+    """A ``pt`` shard's writer (:class:`convert.writers.pt.PtWriter`), imported when the
+    first is made: it lays shards out with torch, which a conversion to another format never
+    imports (its main process starts a second sooner, and so do the tests' conversions)."""
+    from convert.writers.pt import PtWriter
+
+    return PtWriter(path, layout)
+
+
 @dataclass(frozen=True)
 class FormatWriter:
     """What the converter knows of one format."""
@@ -35,7 +44,7 @@ class FormatWriter:
 
 
 FORMAT_WRITERS: dict[str, FormatWriter] = {
-    "pt": FormatWriter(PtWriter, 10_000, 1 << 30),
+    "pt": FormatWriter(pt_writer, 10_000, 1 << 30),
     "hdf5": FormatWriter(Hdf5Writer, None, None, compression=True),
     "lmdb": FormatWriter(LmdbWriter, None, None),
     "wds": FormatWriter(WdsWriter, 10_000, 1 << 30),

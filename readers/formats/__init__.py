@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from readers.formats.hdf5 import Hdf5Shard
 from readers.formats.lmdb import LmdbShard
-from readers.formats.pt import PtShard
 from readers.formats.reader import ShardReader
 from readers.formats.wds import RangedWdsShard, WdsShard
 from readers.manifest import Manifest
@@ -39,6 +38,15 @@ __all__ = [
 ]
 
 
+def pt_shard(path: str, layout: Layout) -> ShardReader:
+    """A ``pt`` shard's reader (:class:`readers.formats.pt.PtShard`), imported when the
+    first is opened: it loads shards with torch, which the converter, writing other
+    formats through this package, never imports."""
+    from readers.formats.pt import PtShard
+
+    return PtShard(path, layout)
+
+
 @dataclass(frozen=True)
 class FormatReader:
     """What the read side knows of one format."""
@@ -51,7 +59,7 @@ class FormatReader:
 
 
 FORMAT_READERS: dict[str, FormatReader] = {
-    "pt": FormatReader(PtShard),
+    "pt": FormatReader(pt_shard),
     "hdf5": FormatReader(Hdf5Shard),
     "lmdb": FormatReader(LmdbShard),
     "wds": FormatReader(WdsShard, streams=True, ranged=RangedWdsShard),

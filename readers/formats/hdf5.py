@@ -14,15 +14,19 @@ transparent to h5py. The file is opened read-only once per process.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import h5py
 import numpy as np
-import torch
 
 from readers import spec
 from readers.formats.checks import SampleCrcs, raw_pixels
 from readers.formats.field_columns import open_columns
 from readers.formats.reader import ShardReader
 from readers.spec import DatasetError, Layout, StorageKind
+
+if TYPE_CHECKING:  # the type of `out` only: the converter imports this, without torch
+    import torch
 
 __all__ = ["Hdf5Shard"]
 

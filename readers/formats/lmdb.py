@@ -18,10 +18,10 @@ from __future__ import annotations
 import json
 import os
 import weakref
+from typing import TYPE_CHECKING
 
 import lmdb
 import numpy as np
-import torch
 
 from readers import spec
 from readers.formats.checks import SampleCrcs, raw_pixels
@@ -29,6 +29,9 @@ from readers.formats.field_columns import open_columns, part_dtype
 from readers.formats.paths import PathTable
 from readers.formats.reader import ShardReader
 from readers.spec import DatasetError, Layout, StorageKind
+
+if TYPE_CHECKING:  # the type of `out` only: the converter imports this, without torch
+    import torch
 
 __all__ = ["LmdbShard"]
 

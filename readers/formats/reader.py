@@ -5,14 +5,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from readers.formats.checks import SampleCrcs, stored_crcs
 from readers.formats.field_columns import FieldColumn
 from readers.images.decode import image_size
 from readers.spec import DatasetError
+
+if TYPE_CHECKING:  # the type of `out` only: the converter imports this, without torch
+    import torch
 
 __all__ = ["ShardReader", "check_fetched", "read_checked"]
 

@@ -24,10 +24,9 @@ from __future__ import annotations
 import json
 import os
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from readers import spec
 from readers.formats.checks import SampleCrcs, npy_pixels
@@ -36,6 +35,9 @@ from readers.formats.paths import PathTable
 from readers.formats.reader import ShardReader, check_fetched
 from readers.spec import DatasetError, Layout
 from readers.storage.remote import RemoteFolder
+
+if TYPE_CHECKING:  # the type of `out` only: the converter imports this, without torch
+    import torch
 
 __all__ = ["RangedWdsShard", "WdsShard", "missing_index", "parse_index", "read_index"]
 
