@@ -9,6 +9,8 @@ it, for as long as the folder lives: the kernel drops the lock when that process
 workers it forked are gone, however they died. A folder of ours whose lock can be taken
 belongs to no one, and :func:`sweep_temp_folders`, called as each conversion starts, removes
 it (locks work across processes of one kernel, so two conversions never take each other's).
+A folder is ours by the mark file inside it, not by its name: other tools (and our own
+benchmarks and tests) make ``imgpack-*`` folders too, which the sweep must never touch.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import os
 import shutil
 import stat
 import tempfile
-import time
 from pathlib import Path
 
 __all__ = ["PREFIX", "TempFolder", "sweep_temp_folders"]
@@ -27,9 +28,9 @@ __all__ = ["PREFIX", "TempFolder", "sweep_temp_folders"]
 PREFIX = "imgpack-"
 """Every temporary folder's name starts so: ``imgpack-<kind>-<random>``."""
 
-GRACE_SECONDS = 60.0
-"""A folder changed less than this long ago is never swept: between ``mkdtemp`` and its
-``flock`` a new folder is briefly unlocked."""
+MARK = ".imgpack-temp-folder"
+"""The file in each :class:`TempFolder` that makes it one (it holds the maker's pid),
+written once the folder is locked: the sweep never sees a folder of ours unlocked."""
 
 
 class TempFolder:
@@ -43,6 +44,7 @@ class TempFolder:
         # here and in the sweep alike, which then leaves the folder alone: not an error.
         with contextlib.suppress(OSError):
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        Path(self.path, MARK).write_text(f"{os.getpid()}\n", encoding="ascii")
 
     def remove(self) -> None:
         """Remove the folder, then let go of its lock (once; later calls do nothing)."""
@@ -57,26 +59,26 @@ class TempFolder:
 
 
 def sweep_temp_folders(where: str | None = None) -> list[Path]:
-    """Remove the folders of ours (:class:`TempFolder`) in ``where`` (None: the temporary
-    directory) that no process holds: this user's, unchanged for :data:`GRACE_SECONDS`,
-    their lock free. Returns the folders removed; what cannot be looked at is left alone."""
+    """Remove the folders of ours (:class:`TempFolder`: this user's, with :data:`MARK`) in
+    ``where`` (None: the temporary directory) that no process holds. Returns the folders
+    removed; what cannot be looked at is left alone."""
     root = Path(where or tempfile.gettempdir())
     removed = []
     with contextlib.suppress(OSError):
         candidates = [p for p in root.iterdir() if p.name.startswith(PREFIX)]
         for folder in candidates:
-            if _abandoned(folder, time.time()):
+            if _abandoned(folder):
                 removed.append(folder)
     return removed
 
 
-def _abandoned(folder: Path, now: float) -> bool:
+def _abandoned(folder: Path) -> bool:
     """Whether ``folder`` was left by a dead process; if so it is removed, under its lock."""
     try:
         info = folder.lstat()
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             return False
-        if now - info.st_mtime < GRACE_SECONDS:
+        if not stat.S_ISREG((folder / MARK).lstat().st_mode):
             return False
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:

@@ -1,6 +1,6 @@
 """The temporary folders of conversions (``convert.temp_folders``): a folder a killed process
-left is swept by the next conversion; a live process's, a fresh one and anything not ours
-are left alone."""
+left is swept by the next conversion; a live process's, and anything without our mark (other
+tools' ``imgpack-*`` folders too), are left alone."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from convert import ConvertOptions, convert_folder
-from convert.temp_folders import GRACE_SECONDS, TempFolder, sweep_temp_folders
+from convert.temp_folders import MARK, TempFolder, sweep_temp_folders
 from readers import spec
 from tests.photos import photo_folder
 
@@ -39,43 +39,37 @@ def hold_folder(kind: str, where: Path) -> tuple[subprocess.Popen, Path]:
     return process, Path(process.stdout.readline().strip())
 
 
-def age(folder: Path, seconds: float = 2 * GRACE_SECONDS) -> None:
-    """Make ``folder`` look unchanged for ``seconds``."""
-    then = time.time() - seconds
-    os.utime(folder, (then, then))
-
-
-def test_only_folders_whose_process_died_are_swept(tmp_path):
+def test_only_folders_of_ours_whose_process_died_are_swept(tmp_path):
     live, live_folder = hold_folder("prepared", tmp_path)
     killed, killed_folder = hold_folder("prepared", tmp_path)
-    fresh_killed, fresh_folder = hold_folder("staged", tmp_path)
     try:
         (killed_folder / "chunk.prepared").write_bytes(b"x" * 1000)
-        for process in (killed, fresh_killed):
-            process.kill()
-            process.communicate()
-        not_ours = tmp_path / "other-tool-123"
-        not_ours.mkdir()
+        killed.kill()
+        killed.communicate()
+        # imgpack-* folders of other tools (a test's Ray session, a benchmark's scratch),
+        # a file, and another tool's folder: none has the mark, none is touched
+        others = [tmp_path / "imgpack-ray-x1", tmp_path / "imgpack-ab-x2", tmp_path / "tool-x3"]
+        for folder in others:
+            (folder / "logs").mkdir(parents=True)
         a_file = tmp_path / "imgpack-notes.txt"
         a_file.write_text("a file, not a folder")
-        for path in (live_folder, killed_folder, not_ours, a_file):
-            age(path)
+        marked_file = tmp_path / "imgpack-odd"
+        marked_file.mkdir()
+        (marked_file / MARK).mkdir()  # the mark must be a file
 
         assert sweep_temp_folders(str(tmp_path)) == [killed_folder]
         assert not killed_folder.exists()
-        # held by a live process, changed within the grace period, or not ours: kept
-        assert live_folder.is_dir() and fresh_folder.is_dir()
-        assert not_ours.is_dir() and a_file.is_file()
+        assert live_folder.is_dir()  # held by a live process
+        assert all(folder.is_dir() for folder in others) and a_file.is_file()
+        assert marked_file.is_dir()
     finally:
         live.kill()
         live.communicate()
-    age(fresh_folder)
-    assert sorted(sweep_temp_folders(str(tmp_path))) == sorted([live_folder, fresh_folder])
+    assert sweep_temp_folders(str(tmp_path)) == [live_folder]
 
 
 def test_a_folder_this_process_holds_is_kept_until_it_removes_it(tmp_path):
     folder = TempFolder("source", str(tmp_path))
-    age(Path(folder.path))
     assert sweep_temp_folders(str(tmp_path)) == []
     folder.remove()
     folder.remove()  # once is enough; again does nothing
@@ -116,7 +110,6 @@ def test_the_spool_of_a_conversion_killed_mid_run_is_removed_by_the_next_run(tmp
         assert time.monotonic() < deadline, f"workers {workers} outlived the conversion"
         time.sleep(0.01)
     (spool,) = temp.glob("imgpack-prepared-*")  # what a SIGKILL leaves
-    age(spool)
 
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     options = ConvertOptions("lmdb", shard_size=10)
