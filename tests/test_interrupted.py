@@ -242,7 +242,8 @@ def test_a_worker_killed_while_sending_its_results_never_hangs_the_pool(source):
         text=True,
     )
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in process.stdout], daemon=True).start()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in process.stdout], daemon=True)
+    reader.start()
     try:
         for attempt in range(attempts):
             deadline = time.monotonic() + 60
@@ -258,7 +259,10 @@ def test_a_worker_killed_while_sending_its_results_never_hangs_the_pool(source):
         assert process.wait(timeout=60) == 0, process.stderr.read()
     finally:
         process.kill()
-        process.communicate()
+        process.wait()
+        reader.join(timeout=30)  # to the end of stdout (the workers die with the process)
+        process.stdout.close()
+        process.stderr.close()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
