@@ -3,6 +3,8 @@ Ray instance with a driver process for it."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from convert import ConvertOptions, convert_folder
+from readers import spec
 from scripts.s3_server import S3Server
 from tests.ray_nodes import RayDriver, ray_cluster
 
@@ -36,15 +39,26 @@ def sample_data() -> Path:
 
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """``converted(fmt, case, **extra)`` -> a dataset of sample_data, built once per session."""
+    """``converted(fmt, case, **extra)`` -> a dataset of sample_data, built once per run:
+    tests only read these, so under pytest-xdist the workers share them (the first worker
+    to ask converts, under a lock, in the run's own temporary folder)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above each worker's basetemp
     cache: dict[tuple, Path] = {}
 
     def build(fmt: str, case: str, **extra) -> Path:
         key = (fmt, case, tuple(sorted(extra.items())))
         if key not in cache:
-            dst = tmp_path_factory.mktemp(f"{fmt}-{case}")
-            options = ConvertOptions(format=fmt, **ENCODING_CASES[case], **extra)
-            convert_folder(SAMPLE_DATA, dst, options, workers=2, overwrite=True, progress=False)
+            name = f"converted-{fmt}-{case}-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
+            dst = shared / name
+            with open(shared / f"{name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+                if not (dst / spec.MANIFEST_NAME).exists():
+                    options = ConvertOptions(format=fmt, **ENCODING_CASES[case], **extra)
+                    convert_folder(
+                        SAMPLE_DATA, dst, options, workers=2, overwrite=True, progress=False
+                    )
             cache[key] = dst
         return cache[key]
 

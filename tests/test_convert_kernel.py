@@ -11,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from PIL import Image
 
+from convert.cli import main
 from convert.codec import recipe
 from convert.process import DCT_REDUCING_GAP, Transform, prepare
 from readers.images import kernel
@@ -111,15 +113,21 @@ CONVERT_OPTIONS += ("--workers", "2")
 
 
 def _convert(src: Path, dst: Path, **env: str) -> tuple[str, str]:
-    """The content checksum of ``src`` converted to ``dst``, and the decoder recorded."""
-    subprocess.run(
-        [sys.executable, "-m", "convert.cli", "convert", str(src), str(dst), *CONVERT_OPTIONS],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    """The content checksum of ``src`` converted to ``dst``, and the decoder recorded: in a
+    process of its own where ``env`` is given (IMGPACK_KERNEL is read at import), else in
+    this one (click's runner)."""
+    if env:
+        subprocess.run(
+            [sys.executable, "-m", "convert.cli", "convert", str(src), str(dst), *CONVERT_OPTIONS],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    else:
+        result = CliRunner().invoke(main, ["convert", str(src), str(dst), *CONVERT_OPTIONS])
+        assert result.exit_code == 0, result.output
     manifest = load_manifest(dst)
     assert manifest.content_sha256
     return manifest.content_sha256, manifest.converted_with["jpeg_decoder"]
@@ -144,27 +152,9 @@ def test_jpeg_samples_carry_restart_markers_unless_asked_not_to(tmp_path: Path) 
     src = photo_folder(tmp_path / "src", 6, 300, 400)
     options = ConvertOptions(format="lmdb", encoding="jpeg", resize=256)
     convert_folder(src, tmp_path / "marked", options, workers=1, progress=False)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "convert.cli",
-            "convert",
-            str(src),
-            str(tmp_path / "plain"),
-            "--format",
-            "lmdb",
-            "--resize",
-            "256",
-            "--no-restart-markers",
-            "--workers",
-            "1",
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=True,
-        capture_output=True,
-    )
+    plain = ["convert", str(src), str(tmp_path / "plain"), "--format", "lmdb", "--resize", "256"]
+    result = CliRunner().invoke(main, [*plain, "--no-restart-markers", "--workers", "1"])
+    assert result.exit_code == 0, result.output
     assert load_manifest(tmp_path / "plain").options["restart_markers"] is False
     for name, encoder in (("marked", "kernel+restart-markers"), ("plain", "kernel")):
         assert load_manifest(tmp_path / name).converted_with["jpeg_encoder"] == encoder

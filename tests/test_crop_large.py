@@ -23,7 +23,6 @@ import skimage.data
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from sklearn.datasets import load_sample_image
 
 import readers
 from convert import ConvertOptions, convert_folder
@@ -53,6 +52,8 @@ MEAN_LEVELS = 0.5
 
 def wheel_photo(name: str) -> np.ndarray:
     """A real photo from the scikit-image or scikit-learn wheel, as RGB pixels."""
+    from sklearn.datasets import load_sample_image  # 1 s of imports: not at collection
+
     pixels = load_sample_image(name) if name.endswith(".jpg") else getattr(skimage.data, name)()
     return np.ascontiguousarray(np.dstack([pixels] * 3) if pixels.ndim == 2 else pixels[..., :3])
 

@@ -23,15 +23,26 @@ from readers.formats.field_columns import column_crc
 from tests.conftest import ROOT
 from tests.photos import encode, photo_crop
 
-# Peak RSS (KiB) of a conversion run in a fresh process, as a user's `imgpack convert` is:
-# VmHWM, since ru_maxrss also counts the RSS of the process that forked it (pytest).
+# Peak RSS (KiB) of conversions SRC -> DST (argv[2:], pairs) to FORMAT (argv[1]), each in
+# a child forked from a fresh process that has imported convert (and torch) and done nothing
+# else, so each starts as a user's `imgpack convert` does, without paying torch's import
+# again: VmHWM, since ru_maxrss also counts the RSS of the process that forked it (pytest).
 _PEAK_RSS = """
-import sys
+import os, sys
 from convert import ConvertOptions, convert_folder
-options = ConvertOptions(format=sys.argv[3], encoding="raw")
-convert_folder(sys.argv[1], sys.argv[2], options, workers=1, progress=False)
-with open("/proc/self/status") as f:
-    print(next(line.split()[1] for line in f if line.startswith("VmHWM:")))
+options = ConvertOptions(format=sys.argv[1], encoding="raw")
+for src, dst in zip(sys.argv[2::2], sys.argv[3::2]):
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            convert_folder(src, dst, options, workers=1, progress=False)
+            with open("/proc/self/status") as f:
+                print(next(line.split()[1] for line in f if line.startswith("VmHWM:")), flush=True)
+            status = 0
+        finally:
+            os._exit(status)
+    assert os.waitpid(pid, 0)[1] == 0, f"the conversion of {src} failed"
 """
 
 
@@ -44,15 +55,16 @@ def make_folder(root: Path, count: int, size: int) -> Path:
     return root
 
 
-def peak_rss_mib(src: Path, dst: Path, fmt: str) -> float:
+def peak_rss_mib(fmt: str, *runs: tuple[Path, Path]) -> list[float]:
+    """The peak RSS (MiB) of each conversion ``(src, dst)`` to ``fmt``."""
     done = subprocess.run(
-        [sys.executable, "-c", _PEAK_RSS, str(src), str(dst), fmt],
+        [sys.executable, "-c", _PEAK_RSS, fmt, *(str(p) for run in runs for p in run)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
     )
-    return int(done.stdout.split()[-1]) / 1024
+    return [int(kib) / 1024 for kib in done.stdout.split()]
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads Linux's VmHWM")
@@ -61,8 +73,11 @@ def test_conversion_peak_rss_does_not_grow_with_the_shard(tmp_path, fmt: str) ->
     # 128x128 raw samples are 48 KiB: 300 of them make a 14 MiB shard, 1200 a 56 MiB one.
     # A writer that holds its shard (the pt writer did, twice) grows by ~40-90 MiB here.
     # (lmdb commits every 64 MiB of samples: a constant these sizes would not get past.)
-    small = peak_rss_mib(make_folder(tmp_path / "small", 300, 128), tmp_path / "a", fmt)
-    large = peak_rss_mib(make_folder(tmp_path / "large", 1200, 128), tmp_path / "b", fmt)
+    small, large = peak_rss_mib(
+        fmt,
+        (make_folder(tmp_path / "small", 300, 128), tmp_path / "a"),
+        (make_folder(tmp_path / "large", 1200, 128), tmp_path / "b"),
+    )
     assert len(readers.open_dataset(tmp_path / "b")) == 1200
     assert large - small < 20, f"peak RSS {small:.0f} MiB -> {large:.0f} MiB"
 

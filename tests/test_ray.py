@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 import readers
 from convert import BadInputError, ConvertOptions, convert_folder
+from convert.cli import main
 from convert.executors import RAY_HINT
 from readers import spec
 from scripts.s3_server import S3Server, local_s3_server
@@ -220,17 +222,11 @@ def test_ray_driver_stopped_mid_run_resumes(
     assert manifest(dst)["content_sha256"] == photos_checksum
 
 
-def test_ray_missing_says_how_to_install(tmp_path: Path) -> None:
-    hide_ray = "import sys; sys.modules['ray'] = None; from convert.cli import main; main()"
+def test_ray_missing_says_how_to_install(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed: find_spec gives None
     args = [str(SAMPLE_DATA), str(tmp_path / "dst"), "--format", "pt", "--executor", "ray"]
-    done = subprocess.run(
-        [sys.executable, "-c", hide_ray, "convert", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 1
+    done = CliRunner().invoke(main, ["convert", *args])
+    assert done.exit_code == 1 and isinstance(done.exception, SystemExit)  # no traceback
     assert RAY_HINT in done.stderr
     assert not (tmp_path / "dst").exists()
 

@@ -52,6 +52,13 @@ def by_index(tiles: Path) -> list[str]:
     return [digest(*ds[i]) for i in range(len(ds))]
 
 
+@pytest.fixture(scope="module")
+def whole(tiles: Path) -> list[list[str]]:
+    """The batches of an uninterrupted epoch with two workers (deterministic: read once for
+    the tests that compare with it)."""
+    return batches_of(stream(tiles, 2))
+
+
 def stream(tiles: Path, workers: int, rank: int = 0, world: int = 1) -> readers.Loader:
     return readers.make_loader(
         tiles,
@@ -89,11 +96,13 @@ def planned(tiles: Path, by_index: list[str], workers: int, rank: int, world: in
     return [s[turn] for turn in range(max(map(len, streams))) for s in streams if turn < len(s)]
 
 
-def test_two_workers_each_read_whole_windows_and_the_dataloader_yields_the_plan(tiles, by_index):
+def test_two_workers_each_read_whole_windows_and_the_dataloader_yields_the_plan(
+    tiles, by_index, whole
+):
     split = Split(((0, N),), 1, False, BATCH, 2, 1000)
     assert split.part_sizes(0) == (125, 176)  # cut where window 1 starts; the short batch last
     assert [split.worker_ranges(0, w) for w in range(2)] == [((0, 1000),), ((1000, N),)]
-    got = batches_of(stream(tiles, 2))
+    got = whole
     assert got == planned(tiles, by_index, 2, 0, 1)
     assert [len(b) for b in got[:-1]] == [BATCH] * (len(got) - 1) and len(got[-1]) == 3
     assert sorted(d for b in got for d in b) == sorted(by_index)
@@ -103,8 +112,7 @@ def test_two_workers_each_read_whole_windows_and_the_dataloader_yields_the_plan(
 
 
 @pytest.mark.parametrize("k", [1, 2, 125, 249, 250, 251, 300])
-def test_two_workers_resume_after_any_batch_to_exactly_the_rest(tiles, k):
-    whole = batches_of(stream(tiles, 2))
+def test_two_workers_resume_after_any_batch_to_exactly_the_rest(tiles, whole, k):
     interrupted = stream(tiles, 2)
     assert batches_of(interrupted, k) == whole[:k]
     state = json.loads(json.dumps(interrupted.state_dict()))

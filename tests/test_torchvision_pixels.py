@@ -22,7 +22,6 @@ from functools import cache
 import numpy as np
 import skimage.data
 from PIL import Image
-from sklearn.datasets import load_sample_image
 
 from convert.process import Transform, prepare
 
@@ -37,6 +36,8 @@ EXACT_LEVELS = 0.1  # --exact-resize: measured 0.04 at most (torch's uint8 kerne
 @cache
 def _photo(name: str) -> np.ndarray:
     if name.endswith(".jpg"):
+        from sklearn.datasets import load_sample_image  # 1 s of imports: not at collection
+
         return load_sample_image(name)
     if name.endswith(".png"):  # bundled in the wheel, without a skimage.data function
         with Image.open(f"{skimage.data.__path__[0]}/{name}") as f:
