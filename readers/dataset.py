@@ -231,7 +231,7 @@ class ImageDataset(BatchReads, ImageFolderAttributes, Dataset):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()  # handles and threads never cross processes
         state.update(_pid=None, _shards={})  # labels stay; the pool pickles as none
-        # nor the sizes read for a bucket plan (16 bytes a sample): a worker reads no plan
+        # nor the cached `sizes` (16 bytes a sample): a worker that asks reads them again
         state.pop("sizes", None)
         return state
 
