@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -743,6 +744,28 @@ def test_the_kernel_is_built_wherever_it_can_be() -> None:
     )
 
 
+def other_libjpeg_api(gcc: str, into: Path) -> Path:
+    """A folder whose ``jconfig.h`` is the system's with the other ``JPEG_LIB_VERSION``
+    (80 where it is 62, else 62): put first on the include path, jpeglib.h then declares
+    the other API's structs."""
+    found = subprocess.run(
+        [gcc, "-M", "-x", "c", "-"],
+        input="#include <jpeglib.h>\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (config,) = {Path(p) for p in found.replace("\\\n", " ").split() if p.endswith("/jconfig.h")}
+    text = config.read_text()
+    version = int(re.search(r"#define JPEG_LIB_VERSION\s+(\d+)", text).group(1))
+    other = 80 if version < 70 else 62
+    into.mkdir()
+    (into / "jconfig.h").write_text(
+        re.sub(r"#define JPEG_LIB_VERSION\s+\d+", f"#define JPEG_LIB_VERSION {other}", text)
+    )
+    return into
+
+
 def test_kernel_c_compiles_without_warnings(tmp_path: Path) -> None:
     missing = missing_build_tools()
     if missing is not None:
@@ -751,8 +774,15 @@ def test_kernel_c_compiles_without_warnings(tmp_path: Path) -> None:
     include = ["-I", sysconfig.get_paths()["include"]]
     obj = str(tmp_path / "kernel.o")
     # -O3 with libjpeg's own Huffman decoder: the build where the libjpeg-turbo is not the
-    # one huffman.c was written against
-    variants = [["-O0"], ["-O3"], ["-O3", "-DIMGPACK_NO_OWN_HUFFMAN"]]
+    # one huffman.c was written against; and against the other API of libjpeg-turbo (6b's, as
+    # Debian's libjpeg62-turbo, or 8's, as Ubuntu's libjpeg-turbo8), whose structs differ
+    other_api = other_libjpeg_api(gcc, tmp_path / "other-api")
+    variants = [
+        ["-O0"],
+        ["-O3"],
+        ["-O3", "-DIMGPACK_NO_OWN_HUFFMAN"],
+        ["-O3", "-I", str(other_api)],
+    ]
     for source in KERNEL_SOURCES:
         for flags in variants:  # -Wclobbered (setjmp) only shows when optimising
             result = subprocess.run(
@@ -981,3 +1011,36 @@ def test_each_compiled_module_has_a_stub_of_every_name(name: str) -> None:
     stub = ROOT / (name.replace(".", "/") + ".pyi")
     public = {n for n in dir(module) if not n.startswith("_")}
     assert stub_names(stub) == public
+
+
+@pytest.mark.wheel
+def test_a_toolchain_without_lto_still_builds_the_kernel(tmp_path: Path) -> None:
+    # A gcc whose LTO plugin cannot run (met on a CUDA image: "could not run lto-wrapper")
+    # links the kernel without -flto rather than falling back to the Python path
+    missing = missing_build_tools()
+    if missing is not None:
+        pytest.skip(missing)
+    broken = tmp_path / "broken-lto"
+    broken.mkdir()
+    (broken / "lto-wrapper").write_text("#!/bin/sh\necho no LTO here >&2\nexit 1\n")
+    (broken / "lto-wrapper").chmod(0o755)
+    out = tmp_path / "build"
+    build = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "-b", str(out), "-t", str(out / "tmp")],
+        cwd=ROOT,
+        env={**os.environ, "LDSHARED": f"{shutil.which('gcc')} -shared -B{broken}"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    assert "link-time optimisation failed" in build.stdout + build.stderr
+    (built,) = out.glob("readers/images/jpegcrop.*.so")
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "wheels" / "check_wheel.py"), str(built)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "the crop kernel works" in check.stdout, check.stdout + check.stderr

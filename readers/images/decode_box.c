@@ -18,6 +18,16 @@
 #include "restarts.h"
 #include "scratch.h"
 
+/* libjpeg 7+'s API (libjpeg-turbo built for it, as Ubuntu's libjpeg-turbo8) scales each axis
+ * on its own; libjpeg 6b's, which Debian's libjpeg62-turbo keeps, has one size for both. */
+#if JPEG_LIB_VERSION >= 70
+#define MIN_DCT_COLUMNS(cinfo) ((cinfo)->min_DCT_h_scaled_size)
+#define MIN_DCT_ROWS(cinfo) ((cinfo)->min_DCT_v_scaled_size)
+#else
+#define MIN_DCT_COLUMNS(cinfo) ((cinfo)->min_DCT_scaled_size)
+#define MIN_DCT_ROWS(cinfo) ((cinfo)->min_DCT_scaled_size)
+#endif
+
 /* crop_bytes() without its jump target: every return leaves `cinfo` ready for reuse; a
  * libjpeg error or warning longjmps to crop_bytes, whose frame is live all the while. */
 static __attribute__((noinline)) int decode_box(j_decompress_ptr cinfo, Bytes b, Box box,
@@ -71,7 +81,7 @@ static __attribute__((noinline)) int decode_box(j_decompress_ptr cinfo, Bytes b,
     JDIMENSION xoff = 0, xwidth = (JDIMENSION)W;
     if (any) {
         int64_t from = x0 > 0 ? x0 - 1 : 0, to = x1 < W ? x1 + 1 : W;
-        int64_t least = 2 * (int64_t)cinfo->max_h_samp_factor * cinfo->min_DCT_scaled_size;
+        int64_t least = 2 * (int64_t)cinfo->max_h_samp_factor * MIN_DCT_COLUMNS(cinfo);
         if (least < 16) least = 16;
         if (to - from < least) to = from + least < W ? from + least : W;
         if (to - from < least) from = to - least > 0 ? to - least : 0;
@@ -81,7 +91,7 @@ static __attribute__((noinline)) int decode_box(j_decompress_ptr cinfo, Bytes b,
         else xoff = 0, xwidth = (JDIMENSION)W;
     }
     size_t line = (size_t)xwidth * 3;
-    int64_t imcu = (int64_t)cinfo->max_v_samp_factor * cinfo->min_DCT_scaled_size;
+    int64_t imcu = (int64_t)cinfo->max_v_samp_factor * MIN_DCT_ROWS(cinfo);
     int64_t first = any ? ((y0 > 0 ? y0 - 1 : 0) / imcu) * imcu : 0; /* an iMCU row's start */
     int64_t last = any ? y1 : 0;
     if (!grow((void **)&s->pixels, &s->pixels_n, (size_t)(last - first > 0 ? last - first : 1) * line)) {
