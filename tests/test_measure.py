@@ -372,6 +372,19 @@ def test_device_prefetcher_on_the_cpu_equals_the_plain_conversion(converted):
         readers.DevicePrefetcher(loader, mean=mean)
 
 
+def test_a_state_taken_inside_the_prefetcher_resumes_at_the_next_batch(converted):
+    # The prefetcher takes a batch from the loader only when the loop asks for it, so the
+    # loader's state counts the batches the loop has, not one more (on CUDA too: one loop)
+    root = converted("hdf5", "raw-fixed")
+    whole = [y for _, y in readers.make_loader(root, 4, seed=5)]
+    loader = readers.make_loader(root, 4, seed=5)
+    fed = iter(readers.DevicePrefetcher(loader, "cpu"))
+    trained = [next(fed)[1] for _ in range(3)]
+    resumed = readers.make_loader(root, 4, seed=5)
+    resumed.load_state_dict(loader.state_dict())
+    assert torch.equal(torch.cat(trained + [y for _, y in resumed]), torch.cat(whole))
+
+
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])
 def test_undecoded_samples_decode_in_the_prefetcher_like_the_readers(converted, fmt, caplog):
     root = converted(fmt, "jpeg")

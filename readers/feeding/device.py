@@ -1,5 +1,5 @@
-"""Feeding the GPU: uint8 batches copied ahead on a side stream, converted and normalised
-on the device, optionally JPEGs decoded there.
+"""Feeding the GPU: uint8 batches copied on a side stream beside the training step,
+converted and normalised on the device, optionally JPEGs decoded there.
 
 uint8 crosses PCIe at a quarter of float32's bytes, and the conversion costs the GPU next
 to nothing. Without CUDA the same object runs on the CPU as a pass-through that still
@@ -31,8 +31,8 @@ Batch = tuple[Any, ...]  # (images, labels, *fields)
 
 
 class DevicePrefetcher:
-    """Iterate ``(images, labels, *fields)`` batches on ``device``, the next one already
-    copying.
+    """Iterate ``(images, labels, *fields)`` batches on ``device``, each copied on a side
+    stream while the GPU still runs the previous step.
 
     Args:
         batches: any iterable of ``(uint8 [B, 3, H, W], labels, *fields)``, e.g. a
@@ -48,8 +48,12 @@ class DevicePrefetcher:
             decode them on the device. Images of differing sizes come back as a list.
 
     On CUDA, batch ``k + 1`` is copied (``non_blocking``) and converted on a side stream
-    while batch ``k`` is in use; the training stream waits on that copy before it sees the
-    batch, and the tensors are ``record_stream``-ed so their memory is not reused early.
+    when the loop asks for it: kernel launches return at once, so that is while the GPU
+    still runs step ``k``, unless the step waits for the GPU (``loss.item()`` every step).
+    The training stream waits on that copy before it sees the batch, and the tensors are
+    ``record_stream``-ed so their memory is not reused early. No batch is taken from
+    ``batches`` before the loop asks for it: the first step of an epoch waits for one batch
+    only, and a loader's ``state_dict()`` counts exactly the batches handed out.
     """
 
     def __init__(
@@ -102,30 +106,19 @@ class DevicePrefetcher:
         return (self._images(images), *moved)
 
     def __iter__(self) -> Iterator[Batch]:
-        if self.device.type != "cuda":
-            for batch in self.batches:
+        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        for batch in self.batches:
+            if side is None:
                 yield self._on_device(batch)
-            return
-        side = torch.cuda.Stream(self.device)
-        batches = iter(self.batches)
-        ahead = self._copy(batches, side)
-        while ahead is not None:
+                continue
+            with torch.cuda.stream(side):
+                images, *rest = moved = self._on_device(batch)
             training = torch.cuda.current_stream(self.device)
             training.wait_stream(side)  # the copy and conversion of this batch are done
-            images, *rest = batch = ahead
             for tensor in (*(images if isinstance(images, list) else [images]), *rest):
                 if isinstance(tensor, torch.Tensor):  # allocated on `side`, used on `training`
                     tensor.record_stream(training)
-            ahead = self._copy(batches, side)
-            yield batch
-
-    def _copy(self, batches: Iterator[Batch], side: Any) -> Batch | None:
-        try:
-            batch = next(batches)
-        except StopIteration:
-            return None
-        with torch.cuda.stream(side):
-            return self._on_device(batch)
+            yield moved
 
 
 @cache
