@@ -76,8 +76,14 @@ class DevicePrefetcher:
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self._mean = self._std = None
         if mean is not None and std is not None:
-            self._mean = torch.tensor(mean, dtype=dtype, device=self.device).view(1, -1, 1, 1)
-            self._std = torch.tensor(std, dtype=dtype, device=self.device).view(1, -1, 1, 1)
+            self._mean, self._std = self._per_channel(mean), self._per_channel(std)
+
+    def _per_channel(self, values: Sequence[float]) -> torch.Tensor:
+        """``values`` as a ``[1, C, 1, 1]`` tensor on the device, copied ``non_blocking``: a
+        blocking copy waits for all the GPU work queued so far, so a prefetcher made at an
+        epoch's start would hold the loop back until the GPU ran dry."""
+        per_channel = torch.tensor(values, dtype=self.dtype).view(1, -1, 1, 1)
+        return per_channel.to(self.device, non_blocking=True)
 
     def __len__(self) -> int:
         return len(self.batches)  # type: ignore[arg-type]
