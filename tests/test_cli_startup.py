@@ -1,5 +1,5 @@
-"""``imgpack --help`` and ``--version`` start without torch (1.5 s of imports, 0.05 s without),
-and so does a conversion of JPEGs to any format but ``pt``.
+"""``imgpack --help``, ``--version`` and ``info`` start without torch (1.5 s of imports, 0.05 s
+without), and so does a conversion of JPEGs to any format but ``pt``.
 
 The command's modules load when their command runs (``convert.cli.COMMANDS``), and the public
 names of ``readers`` and ``convert`` are imported on first use (PEP 562), so these tests pin
@@ -31,17 +31,17 @@ PROBE = """
 import sys
 from convert.cli import main
 try:
-    main([{flag!r}])
+    main({args!r})
 except SystemExit as e:
     assert e.code == 0, e.code
 print("torch imported:", "torch" in sys.modules)
 """
 
 
-@pytest.mark.parametrize("flag", ["--help", "--version"])
-def test_help_and_version_do_not_import_torch(flag: str) -> None:
+def run_probe(args: list[str]) -> str:
+    """What ``imgpack ARGS`` printed in a fresh process, checked to import no torch."""
     run = subprocess.run(
-        [sys.executable, "-c", PROBE.format(flag=flag)],
+        [sys.executable, "-c", PROBE.format(args=args)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -49,8 +49,19 @@ def test_help_and_version_do_not_import_torch(flag: str) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.rstrip().endswith("torch imported: False"), run.stdout
+    return run.stdout
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_and_version_do_not_import_torch(flag: str) -> None:
     expected = f"version {readers.__version__}" if flag == "--version" else "Commands:"
-    assert expected in run.stdout
+    assert expected in run_probe([flag])
+
+
+def test_info_reads_the_manifest_without_torch(converted) -> None:
+    assert "samples    32 written, 0 skipped" in run_probe(
+        ["info", str(converted("pt", "raw-fixed"))]
+    )
 
 
 CONVERSIONS = """

@@ -7,7 +7,6 @@ import json
 import click
 
 from convert.field_views import schema_lines
-from convert.verify import verify_dataset
 from readers.manifest import Manifest, load_manifest
 
 __all__ = ["describe", "info", "verify"]
@@ -79,6 +78,8 @@ def verify(dst: str, deep: bool, progress: bool | None) -> None:
     Prints one line per problem (file or file[index], and what is wrong) and exits
     with status 1 if there is any, 0 if the dataset is exactly what its manifest says.
     """
+    from convert.verify import verify_dataset  # opens the dataset: torch, which info needs not
+
     report = verify_dataset(dst, deep=deep, progress=progress)
     for problem in report.problems:
         click.echo(str(problem))
