@@ -39,10 +39,11 @@ test: setup
 
 # The quick tier: everything but loopback servers, Ray, torchrun, fuzzing, wheel builds and
 # soak runs (markers in setup.cfg; tests/conftest.py marks the server and cluster fixtures), on
-# every core (pytest-xdist).
+# every core (pytest-xdist). Spawned workers start from a forkserver that imported torch
+# once (tests/spawning.py); make test spawns them.
 QUICK = not (server or cluster or torchrun or fuzz or wheel or slow or soak)
 check: setup
-	$(BIN)/python -m pytest -q -n auto -m "$(QUICK)"
+	IMGPACK_TEST_SPAWN=forkserver $(BIN)/python -m pytest -q -n auto -m "$(QUICK)"
 
 # Benchmarks (minutes; results and method in docs/BENCHMARKS.md).
 bench: setup

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from convert import ConvertOptions, convert_folder
 from readers import spec
@@ -121,4 +120,6 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
+        import torch  # here, not at the top: xdist's controller runs no test (2 s sooner)
+
         torch.set_num_threads(1)

@@ -19,6 +19,7 @@ import readers
 from readers import batch_pool
 from readers.batch import SampleBatch, collate
 from readers.batch_pool import SLOTS, BatchPool
+from tests.spawning import spawn_context
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -130,7 +131,7 @@ def test_batches_shared_onwards_move_out_of_their_slot(root: Path, expected) -> 
 
 
 def test_spawned_workers_receive_the_same_batches(root: Path, expected) -> None:
-    batches = [(i.clone(), j) for i, j in loader(root, 2, multiprocessing_context="spawn")]
+    batches = [(i.clone(), j) for i, j in loader(root, 2, multiprocessing_context=spawn_context())]
     assert pairs(batches) == expected
 
 

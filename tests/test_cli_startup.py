@@ -67,12 +67,14 @@ def test_info_reads_the_manifest_without_torch(converted) -> None:
 CONVERSIONS = """
 import sys
 from convert.cli import main
-for fmt in sys.argv[3:]:
+for run in sys.argv[3:]:  # FORMAT-WORKERS
+    fmt, workers = run.split("-")
+    dst = f"{sys.argv[2]}/{run}"
     try:
-        main(["convert", sys.argv[1], f"{sys.argv[2]}/{fmt}", "--format", fmt, "--workers", "2"])
+        main(["convert", sys.argv[1], dst, "--format", fmt, "--workers", workers])
     except SystemExit as e:
         assert e.code == 0, e.code
-    print(fmt, "torch imported:", "torch" in sys.modules)
+    print(run, "torch imported:", "torch" in sys.modules)
 """
 
 
@@ -82,10 +84,11 @@ for fmt in sys.argv[3:]:
 )
 def test_a_conversion_of_jpegs_imports_torch_only_to_write_pt(tmp_path: Path) -> None:
     """The kernel resizes JPEGs, the other formats' writers and the shard checks need no
-    torch: the main process starts a second sooner (the pool's workers are forked)."""
-    formats = ["lmdb", "hdf5", "wds", "pt"]
+    torch: the main process starts a second sooner (the pool's workers are forked), and so
+    does an in-process run (``--workers 1``)."""
+    runs = ["lmdb-1", "lmdb-2", "hdf5-2", "wds-2", "pt-2"]
     run = subprocess.run(
-        [sys.executable, "-c", CONVERSIONS, str(ROOT / "sample_data"), str(tmp_path), *formats],
+        [sys.executable, "-c", CONVERSIONS, str(ROOT / "sample_data"), str(tmp_path), *runs],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -93,9 +96,9 @@ def test_a_conversion_of_jpegs_imports_torch_only_to_write_pt(tmp_path: Path) ->
     )
     assert run.returncode == 0, run.stderr
     imported = [line.split()[-1] for line in run.stdout.splitlines() if "torch imported" in line]
-    assert imported == ["False", "False", "False", "True"], run.stdout
-    for fmt in formats:
-        assert len(readers.open_dataset(tmp_path / fmt)) == 32
+    assert imported == ["False", "False", "False", "False", "True"], run.stdout
+    for name in runs:
+        assert len(readers.open_dataset(tmp_path / name)) == 32
 
 
 def test_help_lists_every_command_and_each_loads_when_it_runs() -> None:

@@ -26,6 +26,7 @@ from readers.epochs.split import Split
 from readers.epochs.state import EpochState
 from readers.placement import Placement
 from tests.dist_rank import digest
+from tests.spawning import spawn_context
 from tests.test_reader_faults import copy_dataset, flip_middle_byte_of_sample
 
 pytestmark = [
@@ -269,8 +270,9 @@ def test_make_loader_refuses_what_it_chooses_itself_and_a_missing_group(roots, m
 
 
 # --- the stream in a plain DataLoader -----------------------------------------------------------
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_set_epoch_reaches_persistent_workers(roots, context):
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_set_epoch_reaches_persistent_workers(roots, method):
+    context = spawn_context() if method == "spawn" else method
     stream = readers.WdsStream(roots["stream"], shuffle_buffer=8, seed=0)
     loader = DataLoader(
         stream,

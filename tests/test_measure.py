@@ -72,7 +72,7 @@ def test_bench_measures_datasets_and_a_plain_folder(converted, sample_data, tmp_
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     result = run(
         "bench", pt, wds, sample_data, "--samples", 100, "--repeats", 2, "--workers", "0,1",
-        "--batch-size", 8, "--seconds", 0.2, "--json", out, "--plot", png,
+        "--batch-size", 8, "--seconds", 0.05, "--json", out, "--plot", png,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()

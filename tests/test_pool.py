@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-from convert.executors.pool import CHUNK_BYTES, FIRST_CHUNK, MAX_CHUNK, _Chunks
-from convert.process import Prepared
+from convert.executors.pool import CHUNK_BYTES, FIRST_CHUNK, MAX_CHUNK, _Chunks, prepared_in_order
+from convert.process import Prepared, Transform
+from convert.scan import Sample
+from convert.sources import FolderReader
 
 
 def prepared(nbytes: int) -> Prepared:
@@ -37,3 +40,23 @@ def test_a_small_run_still_spreads_over_the_workers(n: int, workers: int, most: 
     chunks = _Chunks(list(range(n)), 0, workers)
     chunks.fit([Prepared(np.zeros((2, 2, 3), np.uint8), "raw", (2, 2, 3))] * 4)
     assert len(next(chunks)) == most
+
+
+def test_an_in_process_run_uses_one_torch_thread_and_gives_the_count_back(sample_data) -> None:
+    # --workers 1 runs on one core as asked, torch's intra-op threads too (once torch is
+    # here: the run imports it only for an image the kernel does not resize)
+    samples = [
+        Sample(str(p.relative_to(sample_data)), 0) for p in sorted(sample_data.glob("*/*.*g"))
+    ]
+    transform = Transform("raw", 32, None, 90, True, None)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        run = prepared_in_order(FolderReader(str(sample_data)), samples, transform, 1)
+        assert not isinstance(next(run), str)
+        assert torch.get_num_threads() == 1
+        rest = list(run)
+        assert len(rest) == len(samples) - 1 and not any(isinstance(r, str) for r in rest)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

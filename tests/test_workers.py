@@ -15,6 +15,7 @@ import resource
 import warnings
 from collections import Counter
 from collections.abc import Iterable
+from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import readers
 from readers import spec
 from readers.batch import prefault
 from readers.formats import open_local_shard
+from tests.spawning import spawn_context
 
 pytestmark = pytest.mark.filterwarnings(
     # only raised on machines with fewer than 2 usable CPUs; not what these tests check
@@ -94,7 +96,9 @@ def batch_checksums(batches: Iterable[Any]) -> Counter:
     return seen
 
 
-def make_loader(ds: Any, workers: int, context: str | None, **kwargs: Any) -> DataLoader:
+def make_loader(
+    ds: Any, workers: int, context: str | BaseContext | None, **kwargs: Any
+) -> DataLoader:
     return DataLoader(
         ds,
         batch_size=5,
@@ -155,7 +159,7 @@ def test_spawn_workers_yield_every_sample_and_open_each_shard_once(
     expected = expected_checksums(root, case)
     log = tmp_path / "opens.log"
     ds = counting_dataset(root, case, log)
-    loader = make_loader(ds, 2, "spawn", persistent_workers=True)
+    loader = make_loader(ds, 2, spawn_context(), persistent_workers=True)
     try:
         for _ in range(2):
             assert batch_checksums(loader) == expected
