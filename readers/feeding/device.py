@@ -8,7 +8,9 @@ converts and normalises, so training code is the same on both.
 GPU decode (``gpu_decode=True``, over a loader built with ``decode=False``) uses nvJPEG
 through ``torchvision.io.decode_jpeg(..., device="cuda")`` where torchvision imports (its
 image decoders are deprecated from 0.29); otherwise, or for a sample that is not a JPEG,
-it decodes on the CPU with imgpack's decoder, saying so once.
+it decodes on the CPU with imgpack's decoder, saying so once. nvJPEG's IDCT and chroma
+upsampling are not libjpeg-turbo's: its pixels differ from the CPU decode's by a few levels
+(measured on an H100: docs/BENCHMARKS.md, "GPU feeding").
 """
 
 from __future__ import annotations
