@@ -120,6 +120,6 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
-        import torch  # here, not at the top: xdist's controller runs no test (2 s sooner)
+        import torch  # here, not at the top: xdist's controller runs no test, needs no torch
 
         torch.set_num_threads(1)

@@ -1,7 +1,7 @@
 """The multiprocessing context of the tests of spawned DataLoader workers.
 
 ``make test`` runs them with ``spawn``: each worker a fresh interpreter that imports torch
-(seconds of CPU apiece on 2 cores). ``make check`` sets ``IMGPACK_TEST_SPAWN=forkserver``:
+anew, the larger part of its start. ``make check`` sets ``IMGPACK_TEST_SPAWN=forkserver``:
 the workers are forked from a server process that imported torch once and nothing else, so
 they start as fresh as spawn's (the dataset pickled to them, the main module imported by
 path, nothing of the test's process inherited) without paying torch's import each.
