@@ -21,6 +21,7 @@ RSS of the main process and of each worker.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import hashlib
 import os
@@ -84,6 +85,15 @@ class ProcessState:
 TRANSPORT = ("/dev/shm/torch_", "socket:")
 
 
+def release_free_heap() -> None:
+    """glibc's ``malloc_trim(0)``: the pages of freed memory that malloc keeps (in the heap
+    and each thread's arena) go back to the system, so RSS counts what is alive. Without it
+    a training process with restarted workers measured 6 MiB more in its last epoch than in
+    its first, once in a clean-clone run of the whole suite, with its fds and maps unchanged."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL(None).malloc_trim(0)
+
+
 def process_state(busy: bool) -> ProcessState:
     """This process's handles and RSS. ``busy``: batches may be on their way to the main
     process, so leave out torch's shared-memory segments and the sockets that hand their fds
@@ -99,6 +109,7 @@ def process_state(busy: bool) -> ProcessState:
     with open("/proc/self/maps", encoding="utf-8") as f:
         mapped = [fields[5] for fields in map(str.split, f) if len(fields) > 5]
     mappings = sum(path.startswith("/") and not path.startswith(excluded) for path in mapped)
+    release_free_heap()
     with open("/proc/self/statm", encoding="ascii") as f:
         rss = int(f.read().split()[1]) * PAGE_SIZE
     info = get_worker_info()
