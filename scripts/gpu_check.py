@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +57,25 @@ def cuda_ms(fn: Callable[[], object], repeats: int = 20) -> float:
     return statistics.median(times)
 
 
+@cache
+def normalisation() -> tuple[torch.Tensor, torch.Tensor]:
+    """MEAN and STD as ``[1, 3, 1, 1]`` tensors on the GPU, made once (a blocking copy)."""
+    return tuple(torch.tensor(v, device="cuda").view(1, 3, 1, 1) for v in (MEAN, STD))
+
+
+def plain_batches(
+    loader: Iterable[tuple[torch.Tensor, torch.Tensor]], non_blocking: bool = False
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The usual loop: copy on the training stream, then convert and normalise."""
+    mean, std = normalisation()
+    for x, y in loader:
+        x, y = x.cuda(non_blocking=non_blocking), y.cuda(non_blocking=non_blocking)
+        yield (x.float().div(255) - mean) / std, y
+
+
 def check_equal(root: Path, batch_size: int) -> str:
     loader = readers.make_loader(root, batch_size, seed=0, pin_memory=True)
-    mean = torch.tensor(MEAN, device="cuda").view(1, 3, 1, 1)
-    std = torch.tensor(STD, device="cuda").view(1, 3, 1, 1)
-    plain = [((x.cuda().float().div(255) - mean) / std, y.cuda()) for x, y in loader]
+    plain = list(plain_batches(loader))
     loader.set_epoch(0)
     fed = list(readers.DevicePrefetcher(loader, mean=MEAN, std=STD))
     same = all(
@@ -153,21 +168,12 @@ def overlap(
     loader = readers.make_loader(
         root, batch_size, pin_memory=True, num_workers=8, persistent_workers=True
     )
-    mean = torch.tensor(MEAN, device="cuda").view(1, 3, 1, 1)
-    std = torch.tensor(STD, device="cuda").view(1, 3, 1, 1)
-
-    def plain(non_blocking: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The usual loop: copy on the training stream, then convert and normalise."""
-        for x, y in loader:
-            x, y = x.cuda(non_blocking=non_blocking), y.cuda(non_blocking=non_blocking)
-            yield (x.float().div(255) - mean) / std, y
-
     staged = [x.cuda() for x, _ in loader]
     prefetcher = readers.DevicePrefetcher(loader, mean=MEAN, std=STD)
     feeds = {
         "step alone (batches already on the GPU)": lambda: ((x, None) for x in staged),
-        "plain .cuda() per batch": lambda: plain(non_blocking=False),
-        "plain .cuda(non_blocking=True)": lambda: plain(non_blocking=True),
+        "plain .cuda() per batch": lambda: plain_batches(loader),
+        "plain .cuda(non_blocking=True)": lambda: plain_batches(loader, non_blocking=True),
         "DevicePrefetcher, made once": lambda: prefetcher,
         "DevicePrefetcher, made each epoch": lambda: readers.DevicePrefetcher(
             loader, mean=MEAN, std=STD

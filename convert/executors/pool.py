@@ -110,16 +110,17 @@ def prepared_in_order(
     1 worker); chunks of them travel to the workers, the table is never copied whole."""
     chunks = _Chunks(samples, start, workers)
     if workers <= 1:  # in this process, on one core as asked: torch's threads too, once here
-        threads = None  # torch's own count, to give back; torch is not imported for this
+        torch, threads = None, 0  # torch's own count, to give back; not imported for this
         try:
             for part in chunks:
-                if threads is None and "torch" in sys.modules:
-                    threads = sys.modules["torch"].get_num_threads()
-                    sys.modules["torch"].set_num_threads(1)
+                if torch is None and "torch" in sys.modules:
+                    torch = sys.modules["torch"]
+                    threads = torch.get_num_threads()
+                    torch.set_num_threads(1)
                 yield from prepare_samples(reader, transform, part)
         finally:
-            if threads is not None:
-                sys.modules["torch"].set_num_threads(threads)
+            if torch is not None:
+                torch.set_num_threads(threads)
         return
     spool = TempFolder("prepared")
     pool = ProcessPoolExecutor(workers, initializer=_init_worker)
