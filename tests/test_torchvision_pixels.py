@@ -17,9 +17,11 @@ never.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from functools import cache
 
 import numpy as np
+import pytest
 import skimage.data
 from PIL import Image
 
@@ -131,6 +133,15 @@ def _table(diff: np.ndarray, targets: tuple[tuple[int, int | None], ...]) -> str
         for name, row in zip(_sources(), diff, strict=True)
     ]
     return "\n".join([f"{'':>30} {head}", *rows])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_photos() -> Iterator[None]:
+    """The decoded photos (about 100 MB) serve this module's tests only: freed as it ends,
+    since every later fork of the test process would copy their page tables."""
+    yield
+    for cached in (_photo, _sources, _loaded, torchvision_pixels):
+        cached.cache_clear()
 
 
 def test_sources_are_real_photos_from_300_to_4000_px() -> None:
