@@ -3,6 +3,7 @@ noise, which codecs and resizers treat unlike real images)."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import math
 import random
@@ -10,17 +11,44 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-import skimage.data
 from PIL import Image
 
-__all__ = ["captioned_photos", "encode", "photo_crop", "photo_folder"]
+__all__ = ["captioned_photos", "encode", "photo_crop", "photo_folder", "wheel_photo"]
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket")
 
 
+def _package_folder(package: str) -> Path:
+    """Where ``package`` is installed, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"{package} is not installed (the test extra installs it)")
+    return Path(spec.submodule_search_locations[0])
+
+
+def wheel_photo(name: str) -> np.ndarray:
+    """A real photo shipped in the scikit-image or scikit-learn wheel, as Pillow reads its
+    file: ``"astronaut"`` (``skimage.data``'s name), a file of ``skimage/data``
+    (``"motorcycle_left.png"``) or of scikit-learn's sample images (``"china.jpg"``).
+
+    The same pixels as ``skimage.data.astronaut()`` or ``load_sample_image``, without their
+    imports: scikit-learn's took 2.5 s and 83 MB in each test process, which every later
+    fork of a DataLoader or conversion worker then copied."""
+    skimage_data = _package_folder("skimage") / "data"
+    if "." in name:
+        candidates = [skimage_data / name, _package_folder("sklearn") / "datasets/images" / name]
+    else:
+        candidates = sorted(skimage_data.glob(f"{name}.*"))
+    for path in candidates:
+        if path.is_file():
+            with Image.open(path) as image:
+                return np.asarray(image)
+    raise FileNotFoundError(f"no photo {name!r} in the scikit-image or scikit-learn wheel")
+
+
 @cache
 def _photo(name: str) -> np.ndarray:
-    return np.ascontiguousarray(getattr(skimage.data, name)()[..., :3])
+    return np.ascontiguousarray(wheel_photo(name)[..., :3])
 
 
 def photo_crop(height: int, width: int, seed: int = 0) -> np.ndarray:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import skimage.data
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -30,7 +29,7 @@ from readers.images import kernel
 from readers.images.crop import Crop
 from readers.images.fused import crop_python, plan_crops, start_crops
 from readers.images.jpeg import crop_dct_divisors, jpeg_size
-from tests.photos import encode
+from tests.photos import encode, wheel_photo
 
 # The wheels' colour photos at their own size, and gravel (gray, the finest detail) as RGB.
 GRID_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "retina")
@@ -50,11 +49,9 @@ EPOCHS = 3  # random boxes are drawn anew each epoch: 12 a random crop
 MEAN_LEVELS = 0.5
 
 
-def wheel_photo(name: str) -> np.ndarray:
+def rgb_photo(name: str) -> np.ndarray:
     """A real photo from the scikit-image or scikit-learn wheel, as RGB pixels."""
-    from sklearn.datasets import load_sample_image  # 1 s of imports: not at collection
-
-    pixels = load_sample_image(name) if name.endswith(".jpg") else getattr(skimage.data, name)()
+    pixels = wheel_photo(name)
     return np.ascontiguousarray(np.dstack([pixels] * 3) if pixels.ndim == 2 else pixels[..., :3])
 
 
@@ -67,7 +64,7 @@ def photo_grid(height: int, width: int, seed: int) -> np.ndarray:
     while top < height:
         left, row_height = 0, 0
         while left < width:
-            photo = wheel_photo(GRID_PHOTOS[rng.integers(len(GRID_PHOTOS))])
+            photo = rgb_photo(GRID_PHOTOS[rng.integers(len(GRID_PHOTOS))])
             part = photo[: height - top, : width - left]
             grid[top : top + part.shape[0], left : left + part.shape[1]] = part
             left, row_height = left + part.shape[1], max(row_height, part.shape[0])

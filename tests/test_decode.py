@@ -21,7 +21,6 @@ from functools import cache
 import numpy as np
 import pytest
 from PIL import Image, ImageFile, ImageOps
-from skimage import data as photos
 
 from readers.images.decode import (
     DECODER_ENV,
@@ -34,13 +33,14 @@ from readers.images.decode import (
 )
 from readers.images.jpeg import dct_scale, exif_orientation, jpeg_header, jpeg_size
 from tests.conftest import ROOT, SAMPLE_DATA
+from tests.photos import wheel_photo
 
 PILLOW_DEFAULT_LIMIT = 1024 * 1024 * 1024 // 4 // 3  # PIL.Image.MAX_IMAGE_PIXELS as shipped
 
 
 @cache
 def _photo_pixels(name: str) -> np.ndarray:
-    return getattr(photos, name)()
+    return wheel_photo(name)
 
 
 def _photo(name: str = "astronaut", width: int = 67, height: int = 45) -> Image.Image:
@@ -520,9 +520,8 @@ def _large_photo() -> bytes:
     """A 1,600x1,066 JPEG of a real photo (scikit-learn's china.jpg scaled 2.5x, then
     sharpened so that it has fine detail again), EXIF-rotated by 90 degrees."""
     from PIL import ImageFilter
-    from sklearn.datasets import load_sample_image
 
-    photo = Image.fromarray(load_sample_image("china.jpg")).resize((1600, 1066))
+    photo = Image.fromarray(wheel_photo("china.jpg")).resize((1600, 1066))
     photo = photo.filter(ImageFilter.UnsharpMask(radius=2, percent=80))
     return _encode(photo, "JPEG", quality=90, exif=_exif(6))
 
@@ -595,8 +594,7 @@ def test_dct_scaled_conversion_maps_the_partial_edge_pixels_in_every_orientation
     orientations 2-4 and 6-8 (measured 2.1-3.3 levels)."""
     from convert.process import Transform, prepare
 
-    with Image.open(photos.__path__[0] + "/motorcycle_left.png") as f:
-        photo = f.convert("RGB").crop((0, 0, 739, 499))
+    photo = Image.fromarray(wheel_photo("motorcycle_left.png")).crop((0, 0, 739, 499))
     data = _encode(photo, "JPEG", quality=90, exif=_exif(orientation))
     assert decode_stored(data, min_side=160).scale == 2
     exact = prepare(data, "moto.jpg", Transform("raw", 64, None, exact_resize=True)).data

@@ -35,13 +35,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import skimage.data
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 import readers
 from convert import ConvertOptions, convert_folder
+from tests.photos import wheel_photo
 
 pytestmark = [
     pytest.mark.soak,
@@ -278,7 +278,7 @@ def soak_scale(request: pytest.FixtureRequest) -> SoakScale:
 def photo_crops(count: int, seed: int = 0) -> Iterator[tuple[str, Image.Image]]:
     """``count`` (photo name, small crop) pairs, the photos taking turns: squares of 32-160 px
     at random places, resized to 24-40 px a side; flat crops (sky, a wall) are drawn again."""
-    photos = {name: Image.fromarray(getattr(skimage.data, name)()) for name in PHOTOS}
+    photos = {name: Image.fromarray(wheel_photo(name)) for name in PHOTOS}
     rng = np.random.default_rng(seed)
     for k in range(count):
         name = PHOTOS[k % len(PHOTOS)]

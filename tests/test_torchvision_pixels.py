@@ -22,10 +22,10 @@ from functools import cache
 
 import numpy as np
 import pytest
-import skimage.data
 from PIL import Image
 
 from convert.process import Transform, prepare
+from tests.photos import wheel_photo
 
 # (resize, center crop) from 64 to 512: most crops at 7/8 (ImageNet's 224/256), one none.
 TARGETS = ((64, 64), (80, 70), (96, 84), (128, 112), (160, 144), (192, 168), (256, 224))
@@ -37,14 +37,7 @@ EXACT_LEVELS = 0.1  # --exact-resize: measured 0.04 at most (torch's uint8 kerne
 
 @cache
 def _photo(name: str) -> np.ndarray:
-    if name.endswith(".jpg"):
-        from sklearn.datasets import load_sample_image  # 1 s of imports: not at collection
-
-        return load_sample_image(name)
-    if name.endswith(".png"):  # bundled in the wheel, without a skimage.data function
-        with Image.open(f"{skimage.data.__path__[0]}/{name}") as f:
-            return np.asarray(f.convert("RGB"))
-    pixels = getattr(skimage.data, name)()  # RGB(A), or gray (saved as a gray JPEG)
+    pixels = wheel_photo(name)  # RGB(A), or gray (saved as a gray JPEG)
     return np.ascontiguousarray(pixels[..., :3] if pixels.ndim == 3 else pixels)
 
 
