@@ -321,19 +321,33 @@ def test_tune_recommends_the_least_wait_when_nothing_keeps_up():
 
 
 def test_measure_wait_reports_an_injected_delay():
-    def slow_batches(n: int, delay: float):
-        for k in range(n):
-            time.sleep(delay)
-            yield torch.zeros(2, 3), torch.tensor([k, k])
+    made: list[float] = []  # what each batch really took to make: a loaded machine oversleeps
 
-    meter = readers.measure_wait(slow_batches(21, 0.02))
+    def slow_batches(n: int, delay: float, first: float | None = None):
+        for k in range(n):
+            started = time.perf_counter()
+            time.sleep(first if k == 0 and first is not None else delay)
+            batch = torch.zeros(2, 3), torch.tensor([k, k])
+            made.append(time.perf_counter() - started)
+            yield batch
+
+    meter = readers.measure_wait(slow_batches(21, 0.02, first=0.1))  # a slow start-up
+    arrived = None
     for _ in meter:
+        arrived = arrived or time.perf_counter()
         time.sleep(0.005)  # the model's step
+    seconds = time.perf_counter() - arrived
     report = meter.report()
     assert report["batches"] == 21
-    assert 0.6 < report["wait_fraction"] < 0.9  # ~20 of every ~25 ms
-    assert 15 < report["wait_ms_p50"] < 40 and report["wait_ms_p99"] >= report["wait_ms_p50"]
-    assert 25 < report["batches_per_s"] < 50
+    # The first batch on its own; the rest against this test's own clock, not the nominal
+    # 20 of every 25 ms.
+    assert report["first_batch_ms"] == pytest.approx(1000 * made[0], abs=2)
+    steady = made[1:]
+    assert report["wait_fraction"] == pytest.approx(sum(steady) / seconds, abs=0.02)
+    assert report["wait_fraction"] > 0.5  # the start-up's 100 ms would add about 0.2
+    assert report["wait_ms_p50"] == pytest.approx(1000 * float(np.median(steady)), abs=2)
+    assert report["wait_ms_p99"] >= report["wait_ms_p50"]
+    assert report["batches_per_s"] == pytest.approx(20 / seconds, rel=0.05)
     assert "the data pipeline is the bottleneck" in str(report)
     quick = readers.measure_wait(slow_batches(11, 0.0))
     for _ in quick:
