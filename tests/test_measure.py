@@ -340,12 +340,14 @@ def test_measure_wait_reports_an_injected_delay():
     report = meter.report()
     assert report["batches"] == 21
     # The first batch on its own; the rest against this test's own clock, not the nominal
-    # 20 of every 25 ms.
-    assert report["first_batch_ms"] == pytest.approx(1000 * made[0], abs=2)
+    # 20 of every 25 ms. A wait holds the making of its batch, and a few microseconds more
+    # (more if the machine preempts the loop there).
+    assert 1000 * made[0] <= report["first_batch_ms"] < 1000 * made[0] + 10
     steady = made[1:]
-    assert report["wait_fraction"] == pytest.approx(sum(steady) / seconds, abs=0.02)
+    assert report["wait_fraction"] == pytest.approx(sum(steady) / seconds, abs=0.03)
     assert report["wait_fraction"] > 0.5  # the start-up's 100 ms would add about 0.2
-    assert report["wait_ms_p50"] == pytest.approx(1000 * float(np.median(steady)), abs=2)
+    median = 1000 * float(np.median(steady))
+    assert median <= report["wait_ms_p50"] < median + 5
     assert report["wait_ms_p99"] >= report["wait_ms_p50"]
     assert report["batches_per_s"] == pytest.approx(20 / seconds, rel=0.05)
     assert "the data pipeline is the bottleneck" in str(report)
