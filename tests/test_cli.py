@@ -221,6 +221,33 @@ def test_console_script_reports_a_mistake_without_traceback(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+# An imgpack command, then a request task that failed and was never collected, as a storage
+# fault leaves in fsspec's event loop (aiohttp's "Cannot write to closing transport").
+UNCOLLECTED_TASK = """
+import asyncio, gc, sys
+from convert.cli import main
+try:
+    main(sys.argv[1:], standalone_mode=False)
+except Exception:
+    pass
+async def send():
+    raise ConnectionResetError("Cannot write to closing transport")
+loop = asyncio.new_event_loop()
+task = loop.create_task(send())
+loop.run_until_complete(asyncio.sleep(0.01))
+del task
+gc.collect()
+"""
+
+
+def test_a_request_left_uncollected_by_a_fault_adds_no_traceback_without_debug(tmp_path):
+    for debug in ((), ("--debug",)):
+        argv = [sys.executable, "-c", UNCOLLECTED_TASK, *debug, "info", str(tmp_path / "no")]
+        stderr = _run(argv).stderr
+        assert ("Task exception was never retrieved" in stderr) == bool(debug), stderr
+        assert ("Traceback" in stderr) == bool(debug), stderr
+
+
 # --- user mistakes: a clear message, a non-zero exit, no traceback ------------------------
 def test_missing_source_is_refused_naming_it(tmp_path):
     src = tmp_path / "no-such-folder"

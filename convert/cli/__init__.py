@@ -71,3 +71,8 @@ def main(ctx: click.Context, debug: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.WARNING, format="imgpack: %(message)s"
     )
+    if not debug:
+        # A storage fault leaves fsspec's event loop with requests it never collects;
+        # asyncio logs each ("Task exception was never retrieved", a traceback) after the
+        # fault's own one-line error.
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
