@@ -1,5 +1,6 @@
 """``imgpack --help``, ``--version`` and ``info`` start without torch (1.5 s of imports, 0.05 s
-without), and so does a conversion of JPEGs to any format but ``pt``.
+without), and so does a conversion of JPEGs and PNGs to any format but ``pt``, its workers
+too.
 
 The command's modules load when their command runs (``convert.cli.COMMANDS``), and the public
 names of ``readers`` and ``convert`` are imported on first use (PEP 562), so these tests pin
@@ -67,11 +68,23 @@ def test_info_reads_the_manifest_without_torch(converted) -> None:
 CONVERSIONS = """
 import sys
 from convert.cli import main
+
+
+class NoTorch:  # in this process and the pool's workers (forked from it): an import fails
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise ImportError("a conversion imported torch")
+
+
 for run in sys.argv[3:]:  # FORMAT-WORKERS
     fmt, workers = run.split("-")
+    if fmt == "pt":
+        sys.meta_path = [f for f in sys.meta_path if not isinstance(f, NoTorch)]
+    elif not any(isinstance(f, NoTorch) for f in sys.meta_path):
+        sys.meta_path.insert(0, NoTorch())
     dst = f"{sys.argv[2]}/{run}"
     try:
-        main(["convert", sys.argv[1], dst, "--format", fmt, "--workers", workers])
+        main(["convert", sys.argv[1], dst, "--format", fmt, "--workers", workers, *RESIZE])
     except SystemExit as e:
         assert e.code == 0, e.code
     print(run, "torch imported:", "torch" in sys.modules)
@@ -80,15 +93,24 @@ for run in sys.argv[3:]:  # FORMAT-WORKERS
 
 @pytest.mark.skipif(
     kernel.crop_kernel() is None or decoder_name() != "turbojpeg",
-    reason="without the compiled kernel and PyTurboJPEG, torch resizes the JPEGs",
+    reason="without the compiled kernel and PyTurboJPEG, torch resizes the images",
 )
-def test_a_conversion_of_jpegs_imports_torch_only_to_write_pt(tmp_path: Path) -> None:
-    """The kernel resizes JPEGs, the other formats' writers and the shard checks need no
-    torch: the main process starts a second sooner (the pool's workers are forked), and so
-    does an in-process run (``--workers 1``)."""
+@pytest.mark.parametrize("resize", [[], ["--resize", "64"]], ids=["stored", "resized"])
+def test_a_conversion_imports_torch_only_to_write_pt(tmp_path: Path, resize: list[str]) -> None:
+    """The kernel resizes JPEGs and the sample folder's PNGs, the other formats' writers and
+    the shard checks need no torch: the main process starts a second sooner, and so do the
+    pool's workers (forked before any torch import) and an in-process run (``--workers 1``).
+    A torch import anywhere but the ``pt`` run fails it."""
     runs = ["lmdb-1", "lmdb-2", "hdf5-2", "wds-2", "pt-2"]
     run = subprocess.run(
-        [sys.executable, "-c", CONVERSIONS, str(ROOT / "sample_data"), str(tmp_path), *runs],
+        [
+            sys.executable,
+            "-c",
+            f"RESIZE = {resize!r}\n{CONVERSIONS}",
+            str(ROOT / "sample_data"),
+            str(tmp_path),
+            *runs,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

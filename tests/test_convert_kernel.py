@@ -96,16 +96,52 @@ def test_kernel_conversion_equals_the_python_path(exact: bool, request) -> None:
     assert exact or scaled > 0  # the scaled branch was exercised
 
 
-@needs_kernel
-def test_non_kernel_inputs_take_the_python_path() -> None:
-    """PNG, EXIF-rotated and truncated JPEGs are not the kernel's: None, today's path."""
-    photo = photo_crop(300, 400, seed=1)
+def _rotated(photo: np.ndarray) -> bytes:
+    """``photo`` as a JPEG whose EXIF says to turn it (orientation 6)."""
     exif = Image.Exif()
     exif[0x0112] = 6
-    rotated = encode(photo, quality=90, exif=exif.tobytes())
+    return encode(photo, quality=90, exif=exif.tobytes())
+
+
+@needs_kernel
+def test_non_kernel_inputs_take_the_python_path() -> None:
+    """PNG, EXIF-rotated and truncated JPEGs are not the kernel's to decode: None, today's
+    decoder."""
+    photo = photo_crop(300, 400, seed=1)
+    rotated = _rotated(photo)
     for data in (encode(photo, "PNG"), rotated, jpeg(300, 400, seed=1)[:-300]):
         assert recipe._kernel_resized(data, 64, None, None) is None
     assert prepare(rotated, "r", Transform("raw", 64)).shape == (85, 64, 3)
+
+
+@needs_kernel
+def test_pixels_the_kernel_does_not_decode_it_resizes_as_the_python_path(request) -> None:
+    """PNGs, EXIF-rotated JPEGs and datasets' raw pixels: decoded elsewhere, resized by the
+    kernel (so no torch in the conversion), to the Python path's bytes, up or down; an
+    EXIF-rotated JPEG decoded DCT-scaled (its extent mapped as the kernel's own scaled
+    decodes map it) within the scaled bounds above."""
+    photo = photo_crop(700, 526, seed=2)
+    sources = {"png": encode(photo, "PNG"), "rotated": _rotated(photo), "raw": photo.copy()}
+    transforms = [Transform("raw", size) for size in (64, 224, 900)]
+    transforms += [Transform("raw", 256, center_crop=224), Transform("raw", 64, exact_resize=True)]
+
+    def outputs() -> dict[tuple[str, Transform], np.ndarray]:
+        return {
+            (name, t): prepare(data, name, t).data
+            for name, data in sources.items()
+            for t in transforms
+        }
+
+    with_kernel = outputs()
+    request.getfixturevalue("python_path")
+    for (name, t), pixels in outputs().items():
+        kernels = with_kernel[name, t]
+        assert kernels.shape == pixels.shape, (name, t)
+        if name == "rotated" and t == Transform("raw", 64):  # 526 >= 2 * 2.5 * 64: scaled 1/2
+            diff = np.abs(kernels.astype(np.int16) - pixels)
+            assert diff.mean() <= SCALED_MEAN and diff.max() <= SCALED_MAX, diff.max()
+        else:
+            assert np.array_equal(kernels, pixels), (name, t)
 
 
 CONVERT_OPTIONS = ("--format", "pt", "--encoding", "raw", "--resize", "256", "--center-crop", "224")
@@ -137,6 +173,9 @@ def _convert(src: Path, dst: Path, **env: str) -> tuple[str, str]:
 def test_conversion_checksum_is_the_same_with_and_without_the_kernel(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     src = photo_folder(tmp_path / "src", 12, 480, 640)  # short 480 < 2.5 * 2 * 256: unscaled
+    # and what the kernel resizes but does not decode
+    (src / "class0" / "png.png").write_bytes(encode(photo_crop(300, 400, seed=3), "PNG"))
+    (src / "class0" / "rotated.jpg").write_bytes(_rotated(photo_crop(480, 640, seed=4)))
     checksum, decoder = _convert(src, tmp_path / "kernel")
     assert decoder == "turbojpeg+kernel"  # recorded in converted_with
     assert _convert(src, tmp_path / "python", IMGPACK_KERNEL="0") == (checksum, "turbojpeg")

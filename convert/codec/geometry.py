@@ -1,11 +1,13 @@
 """The converter's geometry, as torchvision has it: ``Resize(S)`` and ``CenterCrop(C)``.
 
 ``Resize(S)`` scales the shorter side to S with bilinear antialiased interpolation (the long
-side is ``int(S * long / short)``), computed by ``torch.nn.functional.interpolate`` on uint8
-channels-last pixels, as torchvision does for tensors (faster than Pillow; its
+side is ``int(S * long / short)``), as ``torch.nn.functional.interpolate`` computes it on
+uint8 channels-last pixels, the way torchvision does for tensors (faster than Pillow; its
 pixels differ from Pillow's ``resize(BILINEAR)`` by a level or two on a few pixels, 0.04
-levels per image at most on real photos); ``CenterCrop(C)`` takes the centre, padding with
-zeros when the image is smaller.
+levels per image at most on real photos): by the compiled kernel's bit-exact port
+(:func:`readers.images.kernel.resize`), so that a conversion never imports torch, or by
+torch itself without the kernel. ``CenterCrop(C)`` takes the centre, padding with zeros
+when the image is smaller.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from readers.images import kernel as jk
 
 __all__ = ["center_crop", "resize_shorter", "shorter_size"]
 
@@ -31,8 +35,10 @@ def resize_shorter(
     whole = (h, w) == pixels.shape[:2]
     if whole and (h, w) == (new_h, new_w):
         return pixels
-    # Here, not at the top: JPEGs, most of a conversion, are resized by the compiled kernel
-    # (convert.codec.recipe), and a conversion that never comes here never imports torch.
+    kernel = jk.crop_kernel()
+    if kernel is not None and pixels.ndim == 3 and pixels.shape[2] == 3:
+        return jk.resize(kernel, pixels, (new_h, new_w), None if whole else (h, w))
+    # Here, not at the top: only a process without the kernel imports torch to resize.
     import torch
     import torch.nn.functional as F
 

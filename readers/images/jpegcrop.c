@@ -1,8 +1,8 @@
 /* The compiled crop kernel of readers.images.kernel: JPEG headers of a batch, then each
  * decode thread's slice decoded box-only, resized and mirrored straight into its batch rows;
- * and the converter's JPEG encoder.
+ * and the converter's JPEG encoder and resize of pixels that are no JPEG.
  *
- * Three entry points, all run with the GIL released:
+ * Four entry points, all run with the GIL released:
  *   headers(values, out)  one row of HEADER_FIELDS int64 per value, from the markers alone
  *                         (the walk of readers.images.jpeg.jpeg_header, plus the frame's
  *                         type, precision and components, and whether the kernel takes it);
@@ -28,6 +28,10 @@
  *   encode(pixels, height, width, quality, restart)
  *                         RGB rows as TurboJPEG's baseline 4:2:0 JPEG, with a restart
  *                         marker every `restart` MCUs.
+ *   resize(pixels, height, width, out, out_h, out_w, extent_h, extent_w, *, simd)
+ *                         decoded pixels that are no JPEG box (a PNG, a dataset's raw
+ *                         pixels) resized as crop() resizes a box: the converter's resize
+ *                         without torch.
  * A libjpeg error or warning is a status, never an abort: the caller's fallback judges the
  * file. Unless the caller says the bytes are `verified` (they passed the CRC-32 recorded
  * when they were known to decode cleanly), the rest of the entropy-coded data is still read
@@ -249,6 +253,44 @@ static PyObject *encode(PyObject *self, PyObject *args) {
     return out;
 }
 
+enum { MAX_SIDE = 1 << 20 }; /* resize()'s sides: the sizes stay ints, the byte counts exact */
+
+static PyObject *resize(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"pixels", "height", "width", "out", "out_h", "out_w",
+                            "extent_h", "extent_w", "simd", NULL};
+    Py_buffer pixels, out;
+    int height, width, out_h, out_w, simd = -1;
+    double extent_h, extent_w;
+    (void)self;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*iiw*iidd|$i", names, &pixels, &height,
+                                     &width, &out, &out_h, &out_w, &extent_h, &extent_w, &simd))
+        return NULL;
+    const char *wrong = NULL;
+    if (height < 1 || width < 1 || out_h < 1 || out_w < 1 || height > MAX_SIDE ||
+        width > MAX_SIDE || out_h > MAX_SIDE || out_w > MAX_SIDE)
+        wrong = "every side must be 1 to 1048576 pixels";
+    else if (pixels.len != (Py_ssize_t)height * width * 3)
+        wrong = "pixels must hold height x width x 3 bytes";
+    else if (out.len != (Py_ssize_t)out_h * out_w * 3)
+        wrong = "out must hold out_h x out_w x 3 bytes";
+    else if (!(extent_h > 0.0 && extent_h <= height && extent_w > 0.0 && extent_w <= width))
+        wrong = "the extent must lie inside the pixels";
+    int ok = 0;
+    if (wrong == NULL) {
+        const int level = simd < 0 || simd > cpu_simd ? cpu_simd : simd;
+        Py_BEGIN_ALLOW_THREADS;
+        ok = resize_image(pixels.buf, height, width, extent_h, extent_w, level, out.buf, out_h,
+                          out_w);
+        Py_END_ALLOW_THREADS;
+    }
+    PyBuffer_Release(&pixels);
+    PyBuffer_Release(&out);
+    if (wrong != NULL) PyErr_SetString(PyExc_ValueError, wrong);
+    else if (!ok) PyErr_NoMemory();
+    if (wrong != NULL || !ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"headers", headers, METH_VARARGS,
      "headers(values, out): int64 [n, 9] (parsed, width, height, orientation, frame marker, "
@@ -272,6 +314,12 @@ static PyMethodDef methods[] = {
      "encode(pixels, height, width, quality, restart) -> bytes: uint8 RGB rows as a baseline "
      "4:2:0 JPEG, the GIL released, with TurboJPEG's settings (so that restart=0 gives "
      "tjCompress2's bytes) and a restart marker every `restart` MCUs."},
+    {"resize", (PyCFunction)(void (*)(void))resize, METH_VARARGS | METH_KEYWORDS,
+     "resize(pixels, height, width, out, out_h, out_w, extent_h, extent_w, *, simd=-1): "
+     "uint8 HWC rows (height x width x 3) resized into out (out_h x out_w x 3) with torch's "
+     "uint8 antialiased bilinear, the GIL released; the top-left extent_h x extent_w of the "
+     "pixels is the image (height and width for all of it: then bit-exact with "
+     "F.interpolate(size=...)). simd as for crop()."},
     {NULL, NULL, 0, NULL},
 };
 

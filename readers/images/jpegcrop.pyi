@@ -43,3 +43,18 @@ def crop(
 
 def encode(pixels: Buffer, height: int, width: int, quality: int, restart: int, /) -> bytes:
     """uint8 RGB rows as a baseline 4:2:0 JPEG, a restart marker every ``restart`` MCUs."""
+
+def resize(
+    pixels: Buffer,
+    height: int,
+    width: int,
+    out: Buffer,
+    out_h: int,
+    out_w: int,
+    extent_h: float,
+    extent_w: float,
+    *,
+    simd: int = -1,
+) -> None:
+    """uint8 HWC ``pixels`` resized into ``out`` with torch's uint8 antialiased bilinear; the
+    top-left ``extent_h`` x ``extent_w`` of the pixels is the image."""

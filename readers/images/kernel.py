@@ -15,7 +15,9 @@ entropy decode, most of a small JPEG's cost, then skips the rows above the box a
 columns beside it. The Huffman codes of every baseline scan go through the kernel's own
 decoder (``huffman.c``: a fast path across restart markers, where libjpeg-turbo's has
 none, and a faster one than libjpeg-turbo's without them). :func:`decode_whole` decodes a
-whole JPEG the same way (the converter's decode and resize; verified full decodes).
+whole JPEG the same way (the converter's decode and resize; verified full decodes), and
+:func:`resize` resizes the converter's other decoded pixels (PNGs, EXIF-rotated JPEGs,
+datasets' raw pixels) as the kernel resizes a box, so that a conversion never needs torch.
 
 A sample the kernel does not take (:func:`kernel_decodes`: EXIF-rotated, CMYK, lossless,
 12-bit, incomplete...) or fails on (any libjpeg error or warning) is left to the Python
@@ -48,6 +50,7 @@ __all__ = [
     "decode_whole",
     "jpeg_headers",
     "kernel_decodes",
+    "resize",
 ]
 
 log = logging.getLogger(__name__)
@@ -219,3 +222,30 @@ def decode_whole(
         huffman=huffman,
     )
     return None if len(failed) else out[0]
+
+
+def resize(
+    module: ModuleType,
+    pixels: np.ndarray,
+    size: tuple[int, int],
+    extent: tuple[float, float] | None = None,
+    simd: int = -1,
+) -> np.ndarray:
+    """uint8 ``[H, W, 3]`` pixels that are no JPEG box (a PNG, a dataset's raw pixels)
+    resized to ``size`` by the kernel's port of torch's uint8 antialiased bilinear, without
+    the GIL: bit-exact with ``F.interpolate(size=size, antialias=True)`` of the whole.
+    ``extent``: the ``(height, width)`` the image spans from the top-left corner of
+    ``pixels`` when that is not all of it (a DCT-scaled decode), mapped onto ``size`` as
+    :func:`decode_whole` maps its scaled decodes. ``simd`` as for :func:`crop_rows`."""
+    height, width = pixels.shape[:2]
+    out = np.empty((*size, 3), dtype=np.uint8)
+    module.resize(
+        np.ascontiguousarray(pixels, dtype=np.uint8),
+        height,
+        width,
+        out,
+        *size,
+        *(extent or (height, width)),
+        simd=simd,
+    )
+    return out

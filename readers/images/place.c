@@ -124,3 +124,15 @@ int place(const uint8_t *src, size_t stride, Span down_span, Span across_span, i
     return ok;
 }
 
+
+int resize_image(const uint8_t *pixels, int height, int width, double extent_h,
+                 double extent_w, int simd, uint8_t *out, int out_h, int out_w) {
+    Scratch *s = thread_scratch();
+    size_t stride = (size_t)width * 3;
+    if (s == NULL || !grow((void **)&s->pixels, &s->pixels_n, (size_t)height * stride)) return 0;
+    memcpy(s->pixels, pixels, (size_t)height * stride);
+    const Span down = {height, 0.0, extent_h}, across = {width, 0.0, extent_w};
+    int ok = place(s->pixels, stride, down, across, 0, 0, simd, out, out_h, out_w, s);
+    free_buffers(s, KEEP_BYTES);
+    return ok;
+}

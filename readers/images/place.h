@@ -18,4 +18,12 @@ int best_simd(void);
 int place(const uint8_t *src, size_t stride, Span down, Span across, int flip, int planar,
           int simd, uint8_t *out, int out_h, int out_w, Scratch *s);
 
+/* Decoded pixels that are not a JPEG's box (a PNG, a dataset's raw pixels): the packed HWC
+ * rows `pixels` (`height` x `width`), of which the top-left `extent_h` x `extent_w` is the
+ * image (the whole, or a DCT-scaled decode's partial last row and column), resized into
+ * `out` (`out_h` x `out_w` HWC rows) at level `simd`, by way of this thread's scratch (a
+ * copy with the SLACK the AVX2 passes read past). 0: out of memory. */
+int resize_image(const uint8_t *pixels, int height, int width, double extent_h,
+                 double extent_w, int simd, uint8_t *out, int out_h, int out_w);
+
 #endif
