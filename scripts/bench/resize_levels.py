@@ -31,14 +31,19 @@ def per_image_us(run: Callable[[bytes], object], data: list[bytes]) -> float:
     return (time.process_time() - start) / len(data) * 1e6
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str, images: int) -> argparse.Namespace:
+    """The resize benchmarks' command line: photos, rounds, target and JSON output."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--folder", type=Path, default=FOLDER)
-    parser.add_argument("--images", type=int, default=500)
+    parser.add_argument("--images", type=int, default=images)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--resize", type=int, default=RESIZE)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__, images=500)
     module = kernel.crop_kernel()
     if module is None:
         raise SystemExit("resize_levels needs the compiled kernel (make setup builds it)")
