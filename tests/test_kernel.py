@@ -738,15 +738,15 @@ def test_threads_sharing_a_batch_decode_each_row_once_as_one_call_does(jpeg_data
         kernel.crop_shared(k, values, rows, boxes, sizes, shared, status, np.zeros(2, np.int64))
 
 
-# `make asan` preloads AddressSanitizer's runtime; a child needs it too to load the kernel.
-_SANITIZER = {k: v for k, v in os.environ.items() if k in ("LD_PRELOAD", "ASAN_OPTIONS")}
-
-
 def _child(code: str, **env: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter with this one's environment (an install found through
+    ``PYTHONPATH``, `make asan`'s preloaded runtime) but none of imgpack's own switches: only
+    those in ``env``."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("IMGPACK_")}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         cwd=ROOT,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_SANITIZER, **env},
+        env={**inherited, **env},
         capture_output=True,
         text=True,
         timeout=120,
