@@ -287,6 +287,9 @@ def test_resize_refuses_sizes_and_extents_that_do_not_fit() -> None:
             module.resize(*args)
     with pytest.raises(TypeError):  # read-only bytes are no output
         module.resize(pixels, 8, 8, bytes(48), 4, 4, 8.0, 8.0)
+    for wrong in (pixels.astype(np.uint16), pixels[:, :, :2], pixels[:, :, 0]):
+        with pytest.raises(ValueError, match=r"uint8 \[H, W, 3\]"):
+            kernel.resize(module, wrong, (4, 4))
 
 
 # Beside ENCODINGS: Huffman tables of the image's own statistics instead of the standard ones.

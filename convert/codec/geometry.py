@@ -36,7 +36,12 @@ def resize_shorter(
     if whole and (h, w) == (new_h, new_w):
         return pixels
     kernel = jk.crop_kernel()
-    if kernel is not None and pixels.ndim == 3 and pixels.shape[2] == 3:
+    if (
+        kernel is not None
+        and pixels.dtype == np.uint8
+        and pixels.ndim == 3
+        and pixels.shape[2] == 3
+    ):
         return jk.resize(kernel, pixels, (new_h, new_w), None if whole else (h, w))
     # Here, not at the top: only a process without the kernel imports torch to resize.
     import torch

@@ -237,10 +237,12 @@ def resize(
     ``extent``: the ``(height, width)`` the image spans from the top-left corner of
     ``pixels`` when that is not all of it (a DCT-scaled decode), mapped onto ``size`` as
     :func:`decode_whole` maps its scaled decodes. ``simd`` as for :func:`crop_rows`."""
+    if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
+        raise ValueError(f"resize takes uint8 [H, W, 3] pixels, not {pixels.dtype} {pixels.shape}")
     height, width = pixels.shape[:2]
     out = np.empty((*size, 3), dtype=np.uint8)
     module.resize(
-        np.ascontiguousarray(pixels, dtype=np.uint8),
+        np.ascontiguousarray(pixels),
         height,
         width,
         out,
