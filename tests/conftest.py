@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import gc
 import hashlib
+import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -128,6 +129,14 @@ def pytest_configure(config: pytest.Config) -> None:
         # Started in the background by a script (`make test &`): SIGINT is ignored, and the
         # conversions the tests interrupt would inherit that and never see their Ctrl-C.
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        # `make asan`: GCC 12's AddressSanitizer takes no lock of its allocator around fork(),
+        # so a process forked while a decode thread frees memory can inherit that lock held
+        # and hang at its first allocation (a clean-clone CI run: a DataLoader worker, at its
+        # first thread's start). Workers and pools then start from a forkserver: an exec'd,
+        # single-threaded process whose children cannot inherit it. Plain builds fork (glibc's
+        # malloc locks its arenas around fork()).
+        multiprocessing.set_start_method("forkserver", force=True)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         import torch  # here, not at the top: xdist's controller runs no test, needs no torch
