@@ -4,6 +4,7 @@ exactly what ``torch.save`` writes."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import tracemalloc
@@ -109,10 +110,11 @@ def test_reader_index_is_arrays_not_python_objects_per_sample(
         after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    # What readers' code allocated, not what another thread of this test process (a pool
-    # left by an earlier test) or the garbage collector did meanwhile: a few KiB of those
-    # once made this 50 bytes a sample, against 45.6 alone.
-    ours = [tracemalloc.Filter(True, str(ROOT / "readers" / "*"), all_frames=True)]
+        gc.enable()
+    # What this loop allocated, not what another thread of this test process did meanwhile
+    # (a pool or prefetch thread left by an earlier test, even one running readers' code):
+    # a few KiB of those made this 50 bytes a sample twice in busy runs, against 46 alone.
+    ours = [tracemalloc.Filter(True, __file__, all_frames=True)]
     changes = after.filter_traces(ours).compare_to(before.filter_traces(ours), "filename")
     held = sum(change.size_diff for change in changes)
     per_sample = (held - path_bytes) / len(ds)
