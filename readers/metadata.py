@@ -179,18 +179,21 @@ def _text_chunk(pa: Any, column: FieldColumn) -> Any:
     back become the array's buffers as they are (their one copy out of the shard, no arrow
     cast copying them again)."""
     whole = column.whole() if isinstance(column, BlobColumn) else None
-    if whole is None:  # values that are not back to back (wds members): one at a time
+    if whole is None:  # values not back to back (wds members): joined here, as pa.array
+        # would, but without importing pandas (0.2 s, 28 MB) to look for its objects in them
         raw = column.raw(range(len(column.valid)))
-        values = pa.array(raw, type=pa.binary())
-        offsets, data = values.buffers()[1:]
+        lengths = np.fromiter((0 if v is None else len(v) for v in raw), np.int64, len(raw))
+        relative = np.zeros(len(raw) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=relative[1:])
+        data = b"".join(v for v in raw if v is not None)
     else:
         data, relative = whole
-        if relative[-1] >= 2**31:  # more than a string array's int32 offsets reach
-            raise DatasetError(
-                f"{column.where}: field {column.name!r}: {relative[-1]} bytes of text in one "
-                "shard, more than a metadata column holds (2 GiB)"
-            )
-        offsets, data = pa.py_buffer(relative.astype(np.int32)), pa.py_buffer(data)
+    if relative[-1] >= 2**31:  # more than a string array's int32 offsets reach
+        raise DatasetError(
+            f"{column.where}: field {column.name!r}: {relative[-1]} bytes of text in one "
+            "shard, more than a metadata column holds (2 GiB)"
+        )
+    offsets, data = pa.py_buffer(relative.astype(np.int32)), pa.py_buffer(data)
     present = None if column.valid.all() else _bitmap(pa, column.valid)
     text = pa.Array.from_buffers(pa.string(), len(column.valid), [present, offsets, data])
     try:
