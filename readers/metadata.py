@@ -180,7 +180,7 @@ def _text_chunk(pa: Any, column: FieldColumn) -> Any:
     cast copying them again)."""
     whole = column.whole() if isinstance(column, BlobColumn) else None
     if whole is None:  # values not back to back (wds members): joined here, as pa.array
-        # would, but without importing pandas (0.2 s, 28 MB) to look for its objects in them
+        # would, but without importing pandas (28 MB) to look for its objects in them
         raw = column.raw(range(len(column.valid)))
         lengths = np.fromiter((0 if v is None else len(v) for v in raw), np.int64, len(raw))
         relative = np.zeros(len(raw) + 1, dtype=np.int64)

@@ -57,7 +57,7 @@ from convert.writers import Layout
 
 __all__ = ["ShardJob", "connected", "run_shards"]
 
-CHUNK = 64  # files per preparation task: ~0.5 s of work, so Ray's cost per task is noise
+CHUNK = 64  # files per preparation task: 64 decodes outweigh Ray's cost per task
 RETRIES = 3  # runs of a task after the first, when its worker died or it raised OSError
 CANCEL_WAIT_S = 10.0  # how long a stopping run waits for cancelled writes to clean up
 
