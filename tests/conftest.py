@@ -57,8 +57,9 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
                 if not (dst / spec.MANIFEST_NAME).exists():
                     options = ConvertOptions(format=fmt, **ENCODING_CASES[case], **extra)
+                    # in this process: the pool is tested where it is the subject
                     convert_folder(
-                        SAMPLE_DATA, dst, options, workers=2, overwrite=True, progress=False
+                        SAMPLE_DATA, dst, options, workers=1, overwrite=True, progress=False
                     )
             cache[key] = dst
         return cache[key]

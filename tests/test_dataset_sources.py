@@ -35,8 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RAW = {"encoding": "raw", "resize": 72, "center_crop": 64, "exact_resize": True}
 
 
-def convert(src: Path | str, dst: Path | str, fmt: str, **options: object):
-    return convert_folder(src, dst, ConvertOptions(fmt, **options), workers=2, progress=False)
+def convert(src: Path | str, dst: Path | str, fmt: str, workers: int = 1, **options: object):
+    """In this process unless ``workers`` is given: the pool's readers of each format are
+    :func:`test_raw_to_raw_without_geometry_keeps_the_content_checksum`'s subject."""
+    return convert_folder(src, dst, ConvertOptions(fmt, **options), workers=workers, progress=False)
 
 
 def mean_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -52,9 +54,10 @@ def raw_pt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_raw_to_raw_without_geometry_keeps_the_content_checksum(raw_pt, tmp_path):
+    """Through the pool, whose workers read each format's shards: there and back."""
     for fmt in ("wds", "hdf5", "lmdb"):
         out = tmp_path / fmt
-        result = convert(raw_pt, out, fmt, encoding="raw", shard_size=10)
+        result = convert(raw_pt, out, fmt, workers=2, encoding="raw", shard_size=10)
         assert result.written == 32 and result.skipped == 0
         a, b = readers.load_manifest(raw_pt), readers.load_manifest(out)
         assert b.content_sha256 == a.content_sha256, fmt
@@ -72,6 +75,8 @@ def test_raw_to_raw_without_geometry_keeps_the_content_checksum(raw_pt, tmp_path
         assert ds.samples == src.samples  # source paths and labels carried over
         for i in (0, 17, 31):
             assert np.array_equal(ds.stored(i), src.stored(i))
+        back = convert(out, tmp_path / f"{fmt}-pt", "pt", workers=2, encoding="raw")
+        assert readers.load_manifest(back.dst).content_sha256 == a.content_sha256, fmt
 
 
 def test_folder_to_a_to_b_matches_folder_to_b(tmp_path):

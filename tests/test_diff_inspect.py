@@ -40,7 +40,7 @@ CHANGED_LABEL, CHANGED_IMAGE, MISSING = (
 
 
 def convert(src: Path, dst: Path, fmt: str, *args: str, **options: object) -> Path:
-    convert_folder(src, dst, ConvertOptions(fmt, **options), workers=2, progress=False)
+    convert_folder(src, dst, ConvertOptions(fmt, **options), workers=1, progress=False)
     return dst
 
 

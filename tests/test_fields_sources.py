@@ -53,10 +53,15 @@ def img2dataset_shards(folder: Path, **extra: Any) -> Path:
     return folder
 
 
-def convert(src: Path, dst: Path, fmt: str = "pt", on_error: str = "skip", **options: Any):
+def convert(
+    src: Path, dst: Path, fmt: str = "pt", on_error: str = "skip", workers: int = 1, **options: Any
+):
+    """In this process unless ``workers`` is given:
+    :func:`test_every_field_source_prepares_in_the_pool_as_in_one_process` checks that the
+    pool changes nothing."""
     options = {"encoding": "original", **options}
     return convert_folder(
-        src, dst, ConvertOptions(fmt, **options), workers=2, on_error=on_error, progress=False
+        src, dst, ConvertOptions(fmt, **options), workers=workers, on_error=on_error, progress=False
     )
 
 
@@ -469,6 +474,30 @@ def test_an_imgpack_dataset_reconverted_keeps_its_fields(tmp_path, fmt):
     convert(first, again, fields=("txt",))
     schema, samples = stored(again)
     assert list(schema) == ["txt"] and [s["txt"] for s in samples] == CAPTIONS
+
+
+@pytest.mark.parametrize("fmt", ["pt", "wds"])
+def test_every_field_source_prepares_in_the_pool_as_in_one_process(tmp_path, fmt):
+    """Each reader that carries fields (webdataset tars, Parquet, sidecars with a metadata
+    CSV, an imgpack dataset) crosses into the pool's workers and its fields come back: the
+    same shards, byte for byte, as one process writes."""
+    tars = img2dataset_shards(tmp_path / "tars")
+    sidecars = sidecar_folder(tmp_path)
+    sources = {
+        "tars": (tars, {}),
+        "parquet": (hub_parquet(tmp_path / "hub").parent, {"fields": ("caption", "score")}),
+        "sidecars": (sidecars, {"metadata": str(metadata_csv(tmp_path / "meta.csv"))}),
+        "dataset": (Path(convert(tars, tmp_path / "dataset", fmt).dst), {}),
+    }
+    for name, (src, options) in sources.items():
+        one, two = tmp_path / f"{name}-1", tmp_path / f"{name}-2"
+        convert(src, one, fmt, encoding="raw", resize=32, **options)
+        convert(src, two, fmt, encoding="raw", resize=32, workers=2, **options)
+        assert stored(two) == stored(one), name
+        assert stored(one)[0], f"{name}: no fields"
+        assert load_manifest(two).content_sha256 == load_manifest(one).content_sha256, name
+        for shard in load_manifest(one).shards:
+            assert (two / shard.path).read_bytes() == (one / shard.path).read_bytes(), name
 
 
 def test_parquet_column_kinds_and_canonical_bytes_match_encode():

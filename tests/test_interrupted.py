@@ -55,7 +55,7 @@ def reference(source: Path, tmp_path_factory: pytest.TempPathFactory):
     def build(fmt: str) -> tuple[dict, dict[str, bytes]]:
         if fmt not in cache:
             dst = tmp_path_factory.mktemp(f"reference-{fmt}")
-            convert_folder(source, dst, options(fmt), workers=2, progress=False)
+            convert_folder(source, dst, options(fmt), workers=1, progress=False)
             cache[fmt] = (manifest_of(dst), shard_bytes(dst))
         return cache[fmt]
 

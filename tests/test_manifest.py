@@ -324,4 +324,4 @@ def test_manifests_round_trip_through_the_typed_manifest_unchanged(converted, fm
     assert manifest.to_json() == json.loads(on_disk)
     assert json_text(manifest.to_json(), indent=1) == on_disk  # the same bytes
     assert manifest.written == manifest.recorded_samples == manifest.num_samples == 32
-    assert manifest.options["format"] == fmt and manifest.converted_with["workers"] == 2
+    assert manifest.options["format"] == fmt and manifest.converted_with["workers"] == 1

@@ -64,6 +64,9 @@ def write_split(folder: Path, split: str, count: int, seed: int, labels: list[in
 
 
 def convert(src: Path, dst: Path, *args: str):
+    """``imgpack convert`` in one process (``args`` may ask for workers: the last count
+    given counts); tests/test_fields_sources.py converts Parquet through the pool."""
+    args = ("--workers", "1", *args)
     return CliRunner().invoke(main, ["convert", str(src), str(dst), "--format", "pt", *args])
 
 

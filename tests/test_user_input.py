@@ -110,7 +110,9 @@ def small_source(tmp_path, sample_data):
 
 
 def convert_cli(*args: object):
-    return CliRunner().invoke(main, ["convert", *map(str, args), "--no-progress"])
+    """``imgpack convert`` in this process: what these tests check is decided before the
+    samples reach a worker."""
+    return CliRunner().invoke(main, ["convert", *map(str, args), "--no-progress", "--workers", "1"])
 
 
 def test_hidden_entries_are_skipped_and_listed_unless_asked_for(tmp_path, sample_data):

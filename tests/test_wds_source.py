@@ -52,9 +52,13 @@ def img2dataset_tar(path: Path, numbers: list[int]) -> Path:
     return path
 
 
-def convert(src: Path | str, dst: Path, **options: object):
+def convert(src: Path | str, dst: Path, workers: int = 1, **options: object):
+    """In this process unless ``workers`` is given (the pool reads tars in
+    tests/test_fields_sources.py, gzipped ones below)."""
     options = {"encoding": "original", **options}
-    return convert_folder(src, dst, ConvertOptions("pt", **options), workers=2, progress=False)
+    return convert_folder(
+        src, dst, ConvertOptions("pt", **options), workers=workers, progress=False
+    )
 
 
 def cli(*args: object):
@@ -177,7 +181,7 @@ def test_gzipped_tars_convert_like_the_plain_ones_and_their_staged_copies_go(tmp
     (gz / "b.tgz").write_bytes(gzip.compress(write_tar(tmp_path / "b.tar", []).read_bytes()))
     for src in (gz / "a.tar.gz", gz, f"{gz}/{{a.tar.gz,b.tgz}}"):
         out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
-        result = convert(src, out, label_key="json.label")
+        result = convert(src, out, workers=2, label_key="json.label")  # staged in workers
         assert result.written == want.written == len(NUMBERS)
         manifest = readers.load_manifest(out)
         assert manifest.content_sha256 == readers.load_manifest(tmp_path / "want").content_sha256
