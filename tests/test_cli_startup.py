@@ -76,15 +76,16 @@ class NoTorch:  # in this process and the pool's workers (forked from it): an im
             raise ImportError("a conversion imported torch")
 
 
-for run in sys.argv[3:]:  # FORMAT-WORKERS
-    fmt, workers = run.split("-")
+RESIZE = {"stored": [], "resized": ["--resize", "64"]}
+for run in sys.argv[3:]:  # FORMAT-WORKERS-SIZE
+    fmt, workers, size = run.split("-")
     if fmt == "pt":
         sys.meta_path = [f for f in sys.meta_path if not isinstance(f, NoTorch)]
     elif not any(isinstance(f, NoTorch) for f in sys.meta_path):
         sys.meta_path.insert(0, NoTorch())
     dst = f"{sys.argv[2]}/{run}"
     try:
-        main(["convert", sys.argv[1], dst, "--format", fmt, "--workers", workers, *RESIZE])
+        main(["convert", sys.argv[1], dst, "--format", fmt, "--workers", workers, *RESIZE[size]])
     except SystemExit as e:
         assert e.code == 0, e.code
     print(run, "torch imported:", "torch" in sys.modules)
@@ -95,22 +96,20 @@ for run in sys.argv[3:]:  # FORMAT-WORKERS
     kernel.crop_kernel() is None or decoder_name() != "turbojpeg",
     reason="without the compiled kernel and PyTurboJPEG, torch resizes the images",
 )
-@pytest.mark.parametrize("resize", [[], ["--resize", "64"]], ids=["stored", "resized"])
-def test_a_conversion_imports_torch_only_to_write_pt(tmp_path: Path, resize: list[str]) -> None:
+def test_a_conversion_imports_torch_only_to_write_pt(tmp_path: Path) -> None:
     """The kernel resizes JPEGs and the sample folder's PNGs, the other formats' writers and
     the shard checks need no torch: the main process starts a second sooner, and so do the
     pool's workers (forked before any torch import) and an in-process run (``--workers 1``).
-    A torch import anywhere but the ``pt`` run fails it."""
-    runs = ["lmdb-1", "lmdb-2", "hdf5-2", "wds-2", "pt-2"]
+    One process converts the stored and the resized images in every format, ``pt`` last: a
+    torch import anywhere before the ``pt`` runs fails it."""
+    others = [
+        f"{fmt}-{size}"
+        for size in ("stored", "resized")
+        for fmt in ("lmdb-1", "lmdb-2", "hdf5-2", "wds-2")
+    ]
+    runs = [*others, "pt-2-stored", "pt-2-resized"]
     run = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"RESIZE = {resize!r}\n{CONVERSIONS}",
-            str(ROOT / "sample_data"),
-            str(tmp_path),
-            *runs,
-        ],
+        [sys.executable, "-c", CONVERSIONS, str(ROOT / "sample_data"), str(tmp_path), *runs],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -118,7 +117,7 @@ def test_a_conversion_imports_torch_only_to_write_pt(tmp_path: Path, resize: lis
     )
     assert run.returncode == 0, run.stderr
     imported = [line.split()[-1] for line in run.stdout.splitlines() if "torch imported" in line]
-    assert imported == ["False", "False", "False", "False", "True"], run.stdout
+    assert imported == ["False"] * len(others) + ["True", "True"], run.stdout
     for name in runs:
         assert len(readers.open_dataset(tmp_path / name)) == 32
 

@@ -68,17 +68,20 @@ def peak_rss_mib(fmt: str, *runs: tuple[Path, Path]) -> list[float]:
     return [int(kib) / 1024 for kib in done.stdout.split()]
 
 
+@pytest.fixture(scope="module")
+def photo_folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """300 and 1,200 128x128 JPEGs: as raw samples of 48 KiB, a 14 MiB and a 56 MiB shard."""
+    root = tmp_path_factory.mktemp("photos")
+    return make_folder(root / "small", 300, 128), make_folder(root / "large", 1200, 128)
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads Linux's VmHWM")
 @pytest.mark.parametrize("fmt", ["pt", "wds", "hdf5"])
-def test_conversion_peak_rss_does_not_grow_with_the_shard(tmp_path, fmt: str) -> None:
-    # 128x128 raw samples are 48 KiB: 300 of them make a 14 MiB shard, 1200 a 56 MiB one.
+def test_conversion_peak_rss_does_not_grow_with_the_shard(tmp_path, photo_folders, fmt) -> None:
     # A writer that holds its shard (the pt writer did, twice) grows by ~40-90 MiB here.
     # (lmdb commits every 64 MiB of samples: a constant these sizes would not get past.)
-    small, large = peak_rss_mib(
-        fmt,
-        (make_folder(tmp_path / "small", 300, 128), tmp_path / "a"),
-        (make_folder(tmp_path / "large", 1200, 128), tmp_path / "b"),
-    )
+    small_folder, large_folder = photo_folders
+    small, large = peak_rss_mib(fmt, (small_folder, tmp_path / "a"), (large_folder, tmp_path / "b"))
     assert len(readers.open_dataset(tmp_path / "b")) == 1200
     assert large - small < 20, f"peak RSS {small:.0f} MiB -> {large:.0f} MiB"
 
@@ -97,7 +100,7 @@ def test_reader_index_is_arrays_not_python_objects_per_sample(
     ~224 bytes)."""
     shard_size = None if fmt in ("hdf5", "lmdb") else 500
     options = ConvertOptions(format=fmt, encoding="raw", shard_size=shard_size)
-    convert_folder(tiny_folder, tmp_path / "ds", options, workers=2, progress=False)
+    convert_folder(tiny_folder, tmp_path / "ds", options, workers=1, progress=False)
     ds = readers.open_dataset(tmp_path / "ds")
     starts = [0, *np.cumsum([s.samples for s in ds.manifest.shards])[:-1].tolist()]
     path_bytes = sum(len(ds.source_path(i)) for i in range(len(ds)))
