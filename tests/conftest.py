@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from convert import ConvertOptions, convert_folder
-from readers import spec
+from readers import compiled, spec
+from readers.images.kernel import crop_kernel
 from scripts.s3_server import S3Server
 from tests.ray_nodes import RayDriver, ray_cluster
 
@@ -65,6 +66,26 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         return cache[key]
 
     return build
+
+
+@pytest.fixture
+def python_path() -> Iterator[None]:
+    """This process (and the workers it forks) without the compiled modules, as
+    ``IMGPACK_KERNEL=0`` at its start makes it: the crop kernel and the CRC and Feistel
+    modules are looked up again, as the test leaves too."""
+    before = os.environ.get(compiled.COMPILED_ENV)
+    os.environ[compiled.COMPILED_ENV] = "0"
+    crop_kernel.cache_clear()
+    compiled.compiled_module.cache_clear()
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[compiled.COMPILED_ENV]
+        else:
+            os.environ[compiled.COMPILED_ENV] = before
+        crop_kernel.cache_clear()
+        compiled.compiled_module.cache_clear()
 
 
 @pytest.fixture(scope="module")

@@ -157,7 +157,7 @@ def test_python_dash_m_convert_cli_converts(tmp_path, sample_data):
             str(sample_data),
             str(dst),
             "--format",
-            "pt",
+            "hdf5",  # not pt: the process needs no torch (tests/test_cli_startup.py)
             "--encoding",
             "raw",
             "--resize",
@@ -171,7 +171,7 @@ def test_python_dash_m_convert_cli_converts(tmp_path, sample_data):
     assert proc.returncode == 0, proc.stderr
     assert "written 32, skipped 0" in proc.stdout
     assert (dst / spec.MANIFEST_NAME).is_file()
-    assert (dst / spec.shard_name("pt", 0)).is_file()
+    assert (dst / spec.shard_name("hdf5", 0)).is_file()
     assert read_manifest(dst)["shape"] == [48, 48, 3]
 
 

@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +17,7 @@ from readers.images import kernel
 from readers.images.decode import decoder_name
 from readers.manifest import load_manifest
 from tests.photos import encode, photo_crop, photo_folder
-from tests.test_kernel import ENCODINGS, ROOT, jpeg
+from tests.test_kernel import ENCODINGS, jpeg
 
 needs_kernel = pytest.mark.skipif(
     kernel.crop_kernel() is None or decoder_name() != "turbojpeg",
@@ -38,22 +34,6 @@ ENCODED["restart-420"] = ENCODINGS["restart-420"]
 # computed from the extent rather than from interpolate's scale_factor): measured identical
 # here (0 mean, 0 max on every scaled output); the bounds allow a weight an ulp apart.
 SCALED_MEAN, SCALED_MAX = 0.1, 2
-
-
-@pytest.fixture
-def python_path() -> Iterator[None]:
-    """The converter without the kernel, as ``IMGPACK_KERNEL=0`` makes it."""
-    before = os.environ.get(kernel.KERNEL_ENV)
-    os.environ[kernel.KERNEL_ENV] = "0"
-    kernel.crop_kernel.cache_clear()
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[kernel.KERNEL_ENV]
-        else:
-            os.environ[kernel.KERNEL_ENV] = before
-        kernel.crop_kernel.cache_clear()
 
 
 def _sources() -> dict[str, bytes]:
@@ -148,29 +128,21 @@ CONVERT_OPTIONS = ("--format", "pt", "--encoding", "raw", "--resize", "256", "--
 CONVERT_OPTIONS += ("--workers", "2")
 
 
-def _convert(src: Path, dst: Path, **env: str) -> tuple[str, str]:
-    """The content checksum of ``src`` converted to ``dst``, and the decoder recorded: in a
-    process of its own where ``env`` is given (IMGPACK_KERNEL is read at import), else in
-    this one (click's runner)."""
-    if env:
-        subprocess.run(
-            [sys.executable, "-m", "convert.cli", "convert", str(src), str(dst), *CONVERT_OPTIONS],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-    else:
-        result = CliRunner().invoke(main, ["convert", str(src), str(dst), *CONVERT_OPTIONS])
-        assert result.exit_code == 0, result.output
+def _convert(src: Path, dst: Path) -> tuple[str, str]:
+    """The content checksum of ``src`` converted to ``dst`` (click's runner, the pool's
+    workers forked from this process), and the decoder recorded."""
+    result = CliRunner().invoke(main, ["convert", str(src), str(dst), *CONVERT_OPTIONS])
+    assert result.exit_code == 0, result.output
     manifest = load_manifest(dst)
     assert manifest.content_sha256
     return manifest.content_sha256, manifest.converted_with["jpeg_decoder"]
 
 
 @needs_kernel
-def test_conversion_checksum_is_the_same_with_and_without_the_kernel(tmp_path: Path) -> None:
+def test_conversion_checksum_is_the_same_with_and_without_the_kernel(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """(``IMGPACK_KERNEL=0`` read at a process's start: tests/test_kernel.py's notice test.)"""
     (tmp_path / "src").mkdir()
     src = photo_folder(tmp_path / "src", 12, 480, 640)  # short 480 < 2.5 * 2 * 256: unscaled
     # and what the kernel resizes but does not decode
@@ -178,7 +150,8 @@ def test_conversion_checksum_is_the_same_with_and_without_the_kernel(tmp_path: P
     (src / "class0" / "rotated.jpg").write_bytes(_rotated(photo_crop(480, 640, seed=4)))
     checksum, decoder = _convert(src, tmp_path / "kernel")
     assert decoder == "turbojpeg+kernel"  # recorded in converted_with
-    assert _convert(src, tmp_path / "python", IMGPACK_KERNEL="0") == (checksum, "turbojpeg")
+    request.getfixturevalue("python_path")
+    assert _convert(src, tmp_path / "python") == (checksum, "turbojpeg")
 
 
 @needs_kernel

@@ -7,9 +7,6 @@ batches that mix in other images (a PNG, another size) still served whole or as 
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -108,37 +105,25 @@ def test_a_batch_of_one_size_decodes_in_the_kernel_with_the_same_pixels(
     assert labels.tolist() == [ds[i][1] for i in indices]
 
 
-def kernel_off_digests(roots: list[Path]) -> list[str]:
-    """Each dataset's batch of all its samples, digested in one process with
-    ``IMGPACK_KERNEL=0`` (per sample)."""
-    code = (
-        "import hashlib, sys, readers\n"
-        "for root in sys.argv[1:]:\n"
-        "    ds = readers.open_dataset(root)\n"
-        "    images, _ = readers.collate(ds.__getitems__(list(range(len(ds)))))\n"
-        "    print(hashlib.sha256(images.contiguous().numpy().tobytes()).hexdigest())\n"
-    )
-    env = {**os.environ, "IMGPACK_KERNEL": "0"}
-    done = subprocess.run(
-        [sys.executable, "-c", code, *map(str, roots)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.split()
-
-
-@needs_kernel
-def test_kernel_batches_equal_the_python_path(stored_at_size) -> None:
-    roots = [stored_at_size[fmt] for fmt in ("pt", "wds")]
-    kernel = []
+def batch_digests(roots: list[Path]) -> list[str]:
+    """Each dataset's batch of all its samples, digested."""
+    digests = []
     for root in roots:
         ds = readers.open_dataset(root)
         images, _ = readers.collate(ds.__getitems__(list(range(len(ds)))))
-        kernel.append(digest(images))
-    assert kernel == kernel_off_digests(roots)
+        digests.append(digest(images))
+    return digests
+
+
+@needs_kernel
+def test_kernel_batches_equal_the_python_path(stored_at_size, request, monkeypatch) -> None:
+    roots = [stored_at_size[fmt] for fmt in ("pt", "wds")]
+    kernel = batch_digests(roots)
+    request.getfixturevalue("python_path")
+    counted = Counted()
+    monkeypatch.setattr(readers.dataset, "decode_image", counted)
+    assert kernel == batch_digests(roots)
+    assert counted.calls == sum(len(readers.open_dataset(root)) for root in roots)  # per sample
 
 
 @pytest.mark.parametrize("workers", [0, 2])
