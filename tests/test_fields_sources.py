@@ -493,10 +493,12 @@ def test_every_field_source_prepares_in_the_pool_as_in_one_process(tmp_path, fmt
         one, two = tmp_path / f"{name}-1", tmp_path / f"{name}-2"
         convert(src, one, fmt, encoding="raw", resize=32, **options)
         convert(src, two, fmt, encoding="raw", resize=32, workers=2, **options)
-        assert stored(two) == stored(one), name
-        assert stored(one)[0], f"{name}: no fields"
-        assert load_manifest(two).content_sha256 == load_manifest(one).content_sha256, name
-        for shard in load_manifest(one).shards:
+        in_one = stored(one)
+        assert in_one[0], f"{name}: no fields"
+        assert stored(two) == in_one, name
+        manifest = load_manifest(one)
+        assert load_manifest(two).content_sha256 == manifest.content_sha256, name
+        for shard in manifest.shards:
             assert (two / shard.path).read_bytes() == (one / shard.path).read_bytes(), name
 
 
